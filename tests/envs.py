@@ -1,0 +1,145 @@
+"""Small deterministic envs for the vec env tests. Module-level so every start method can import them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+
+
+class CounterEnv(gym.Env):
+    """Counts steps. Terminates on step `terminate_at` when the action sum says so, truncates via TimeLimit.
+
+    Infos change type and presence from step to step so that info batching and masks get exercised.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, terminate_at: int = 5, render_mode: str | None = None):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.terminate_at = terminate_at
+        self.render_mode = render_mode
+        self.t = 0
+        self.resets = 0
+        self.tag = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t, self.resets, self.np_random.random()], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.resets += 1
+        info = {"resets": self.resets}
+        if options:
+            info["options"] = dict(options)
+        return self._obs(), info
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.t >= self.terminate_at and int(action) == 2
+        info = {"t": self.t}
+        if self.t % 2:
+            info["odd"] = True
+            info["array"] = np.full(2, self.t, dtype=np.int16)
+        if self.t % 3 == 0:
+            info["nested"] = {"third": self.t / 3}
+        return self._obs(), float(self.t * int(action)), terminated, False, info
+
+    def render(self):
+        return np.full((2, 2, 3), self.t, dtype=np.uint8)
+
+    def bump(self, amount: int) -> int:
+        self.tag += amount
+        return self.tag
+
+
+def make_counter(terminate_at: int = 5, max_episode_steps: int = 7):
+    return gym.wrappers.TimeLimit(CounterEnv(terminate_at), max_episode_steps=max_episode_steps)
+
+
+class DictObsEnv(CounterEnv):
+    """Dict and Tuple observation spaces, with every kind of leaf shared memory can hold."""
+
+    def __init__(self):
+        super().__init__(terminate_at=4)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "pos": gym.spaces.Box(-10, 10, (2,), np.float64),
+                "mode": gym.spaces.Discrete(4),
+                "more": gym.spaces.Tuple((gym.spaces.MultiBinary(3), gym.spaces.MultiDiscrete([5, 5]))),
+            }
+        )
+
+    def _obs(self):
+        r = self.np_random.integers(0, 2, 3).astype(np.int8)
+        return {
+            "pos": np.array([self.t, self.np_random.random()]),
+            "mode": int(self.t % 4),
+            "more": (r, np.array([self.t % 5, self.resets % 5])),
+        }
+
+
+class TextObsEnv(CounterEnv):
+    """A space shared memory cannot hold: observations must travel over the pipe."""
+
+    def __init__(self):
+        super().__init__(terminate_at=3)
+        self.observation_space = gym.spaces.Text(8)
+
+    def _obs(self):
+        return f"t{self.t}r{self.resets}"
+
+
+class OddError(Exception):
+    """An exception whose constructor needs two arguments: rebuilding it from one string would fail."""
+
+    def __init__(self, code: int, detail: str):
+        super().__init__(code, detail)
+        self.code = code
+        self.detail = detail
+
+
+class FaultyEnv(CounterEnv):
+    """Fails in a chosen way at a chosen step (0 = in reset)."""
+
+    def __init__(self, fault: str | None = None, at: int = 3, terminate_at: int = 50):
+        super().__init__(terminate_at=terminate_at)
+        self.fault, self.at = fault, at
+
+    def _maybe_fail(self):
+        if self.fault is None or self.t != self.at:
+            return
+        if self.fault == "raise":
+            raise ValueError(f"boom at step {self.t}")
+        if self.fault == "odd":
+            raise OddError(7, "needs two arguments")
+        if self.fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == "abort":
+            os.abort()
+        if self.fault == "exit":
+            os._exit(3)
+        if self.fault == "hang":
+            time.sleep(3600)
+
+    def reset(self, *, seed=None, options=None):
+        out = super().reset(seed=seed, options=options)
+        self._maybe_fail()
+        return out
+
+    def step(self, action):
+        out = super().step(action)
+        self._maybe_fail()
+        return out
+
+    def explode(self):
+        raise KeyError("called explode")
+
+
+def failing_factory():
+    raise RuntimeError("factory refused to build the env")

@@ -1,0 +1,360 @@
+"""SubprocVecEnv against gymnasium's SyncVectorEnv(autoreset_mode=SAME_STEP), the oracle, and its failure modes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+from common.multiprocessing_env import SubprocVecEnv, WorkerError
+from tests.envs import DictObsEnv, FaultyEnv, TextObsEnv, failing_factory, make_counter
+from tests.helpers import REPO, alive, assert_same, descendants
+
+CONTEXTS = ["forkserver", "spawn", "fork"]
+
+
+def oracle(env_fns):
+    return SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def run_both(env_fns, steps, seed=0, action_fn=None, **kwargs):
+    """Steps SubprocVecEnv and the oracle with the same seeds and actions; asserts every result is equal."""
+    expected, actual = oracle(env_fns), SubprocVecEnv(env_fns, **kwargs)
+    try:
+        assert actual.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        assert actual.single_observation_space == expected.single_observation_space
+        assert actual.action_space == expected.action_space
+        assert_same(actual.reset(seed=seed), expected.reset(seed=seed), "reset")
+        rng = np.random.default_rng(seed)
+        ends = 0
+        for t in range(steps):
+            actions = action_fn(rng, t) if action_fn else rng.integers(0, actual.single_action_space.n, len(env_fns))
+            got, want = actual.step(actions), expected.step(actions)
+            assert_same(got, want, f"step {t}")
+            ends += int(np.sum(want[2] | want[3]))
+        return ends
+    finally:
+        actual.close()
+        expected.close()
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("envs_per_worker", [1, 3])
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_cartpole_matches_sync(context, envs_per_worker, shared_memory):
+    env_fns = [lambda: gym.make("CartPole-v1") for _ in range(7)]  # 7 envs over workers of 3: the last holds 1
+    ends = run_both(
+        env_fns, 2000, seed=3, envs_per_worker=envs_per_worker, context=context, shared_memory=shared_memory
+    )
+    assert ends > 300, "the run must cross many episode ends to test autoreset"
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("envs_per_worker", [1, 3])
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_scripted_terminations_and_truncations(context, envs_per_worker, shared_memory):
+    env_fns = [functools.partial(make_counter, terminate_at=3 + i, max_episode_steps=6) for i in range(5)]
+    expected = oracle(env_fns)
+    expected.reset(seed=0)
+    seen_term = seen_trunc = False
+    for _ in range(30):
+        _, _, term, trunc, _ = expected.step(np.full(5, 2))
+        seen_term, seen_trunc = seen_term or term.any(), seen_trunc or trunc.any()
+    assert seen_term and seen_trunc, "the script must produce both kinds of episode end"
+    run_both(
+        env_fns,
+        60,
+        action_fn=lambda rng, t: np.full(5, 2 if t % 4 else 1, dtype=np.int64),
+        envs_per_worker=envs_per_worker,
+        context=context,
+        shared_memory=shared_memory,
+    )
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+@pytest.mark.parametrize("env_cls", [DictObsEnv, TextObsEnv])
+def test_dict_tuple_and_text_observations(env_cls, shared_memory):
+    run_both([env_cls] * 4, 40, envs_per_worker=3, shared_memory=shared_memory)
+
+
+def test_box_actions_and_float64_actions_match():
+    env_fns = [lambda: gym.make("Pendulum-v1") for _ in range(3)]
+    run_both(env_fns, 250, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32), envs_per_worker=2)
+    run_both(env_fns, 50, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)), envs_per_worker=2)  # float64: pickled
+
+
+def test_seeds_reset_mask_and_options():
+    env_fns = [make_counter] * 4
+    with SubprocVecEnv(env_fns, envs_per_worker=3) as actual:
+        expected = oracle(env_fns)
+        seeds = [5, 9, 7, 8]
+        assert_same(actual.reset(seed=seeds), expected.reset(seed=seeds))
+        for _ in range(3):
+            assert_same(actual.step(np.ones(4, np.int64)), expected.step(np.ones(4, np.int64)))
+        mask = np.array([False, True, False, True])
+        got = actual.reset(seed=11, options={"reset_mask": mask.copy(), "level": 2})
+        assert_same(got, expected.reset(seed=11, options={"reset_mask": mask.copy(), "level": 2}))
+        assert list(got[1]["_options"]) == list(mask)
+        with pytest.raises(ValueError, match="3 seeds for 4 envs"):
+            actual.reset(seed=[1, 2, 3])
+
+
+def test_call_get_attr_set_attr_render():
+    env_fns = [make_counter] * 3
+    with SubprocVecEnv(env_fns, envs_per_worker=2) as actual:
+        expected = oracle(env_fns)
+        actual.reset(seed=0)
+        expected.reset(seed=0)
+        assert actual.call("bump", 2) == expected.call("bump", 2) == (2, 2, 2)
+        assert actual.get_attr("terminate_at") == expected.get_attr("terminate_at")
+        actual.set_attr("terminate_at", [1, 2, 3])
+        assert actual.get_attr("terminate_at") == (1, 2, 3)
+        actual.set_attr("terminate_at", 9)
+        assert actual.get_attr("terminate_at") == (9, 9, 9)
+        with pytest.raises(ValueError, match="2 values for 3 envs"):
+            actual.set_attr("terminate_at", [1, 2])
+        actual.step(np.zeros(3, np.int64))
+        assert_same(actual.render(), (np.full((2, 2, 3), 1, np.uint8),) * 3)
+        assert actual.np_random_seed == expected.np_random_seed
+    with SubprocVecEnv([lambda: gym.make("CartPole-v1", render_mode="rgb_array")] * 2) as envs:
+        assert envs.render_mode == "rgb_array"
+        envs.reset(seed=1)
+        frames = envs.render()
+        assert len(frames) == 2 and frames[0].shape == (400, 600, 3) and frames[0].dtype == np.uint8
+
+
+def test_record_episode_statistics_matches_sync():
+    env_fns = [lambda: gym.make("CartPole-v1") for _ in range(6)]
+    returns = []
+    for envs in (
+        RecordEpisodeStatistics(SubprocVecEnv(env_fns, envs_per_worker=4)),
+        RecordEpisodeStatistics(oracle(env_fns)),
+    ):
+        envs.reset(seed=9)
+        rng, episodes = np.random.default_rng(0), []
+        for _ in range(600):
+            *_, infos = envs.step(rng.integers(0, 2, 6))
+            if "episode" in infos:
+                mask = infos["_episode"]
+                episode = infos["episode"]
+                episodes += list(zip(np.flatnonzero(mask), episode["r"][mask], episode["l"][mask], strict=True))
+        envs.close()
+        returns.append(episodes)
+    assert len(returns[0]) > 50
+    assert returns[0] == returns[1]
+
+
+def test_out_of_order_calls_and_bad_actions():
+    envs = SubprocVecEnv([make_counter] * 3, envs_per_worker=2)
+    envs.reset(seed=0)
+    with pytest.raises(NoAsyncCallError):
+        envs.step_wait()
+    with pytest.raises(ValueError, match="2 actions for 3 envs"):
+        envs.step(np.zeros(2, np.int64))
+    envs.step_async(np.zeros(3, np.int64))
+    with pytest.raises(AlreadyPendingCallError):
+        envs.step_async(np.zeros(3, np.int64))
+    with pytest.raises(AlreadyPendingCallError):
+        envs.reset()
+    obs, *_ = envs.step_wait()
+    assert obs[:, 0].tolist() == [1, 1, 1]  # the rejected calls sent nothing
+    envs.close()
+    envs.close()  # idempotent
+    for call in (lambda: envs.step(np.zeros(3, np.int64)), envs.reset, envs.step_wait, lambda: envs.get_attr("t")):
+        with pytest.raises(ClosedEnvironmentError):
+            call()
+
+
+def test_mismatched_spaces_are_rejected():
+    env_fns = [make_counter, make_counter, lambda: gym.make("CartPole-v1")]
+    with pytest.raises(RuntimeError, match="env 2 has observation space"):
+        SubprocVecEnv(env_fns, envs_per_worker=1)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="envs_per_worker"):
+        SubprocVecEnv([make_counter], envs_per_worker=0)
+    with pytest.raises(ValueError, match="context must be one of"):
+        SubprocVecEnv([make_counter], context="threads")
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        SubprocVecEnv([])
+
+
+def test_default_layout_uses_every_core():
+    cores = len(os.sched_getaffinity(0))
+    with SubprocVecEnv([make_counter] * 8) as envs:
+        assert envs.num_workers == min(8, cores)
+        assert envs.envs_per_worker == -(-8 // min(8, cores))
+
+
+# ---------------------------------------------------------------------------------------------------- failures
+@pytest.fixture
+def no_orphans():
+    """Asserts that a test leaves no process behind that was not there before it (the forkserver excepted)."""
+    warm = SubprocVecEnv([make_counter], context="forkserver")
+    warm.close()
+    before = descendants()
+    yield
+    deadline = time.monotonic() + 5
+    while descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert descendants() - before == set()
+
+
+def timed(fn):
+    start = time.monotonic()
+    try:
+        fn()
+    finally:
+        timed.elapsed = time.monotonic() - start
+
+
+@pytest.mark.parametrize("index", [0, 2, 3])
+def test_factory_error_names_env_and_traceback(index, no_orphans):
+    env_fns = [make_counter] * 4
+    env_fns[index] = failing_factory
+    with pytest.raises(WorkerError) as info:
+        SubprocVecEnv(env_fns, envs_per_worker=2)
+    message = str(info.value)
+    assert f"env {index} raised RuntimeError: factory refused to build the env during 'make'" in message
+    assert "Traceback (most recent call last)" in message and "failing_factory" in message
+    assert info.value.env_indices == (index,) and info.value.command == "make"
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [("raise", "ValueError: boom at step 3"), ("odd", "OddError: (7, 'needs two arguments')")],
+)
+@pytest.mark.parametrize("context", ["forkserver", "fork"])
+def test_step_exception_reaches_caller(fault, expected, context, no_orphans):
+    env_fns = [FaultyEnv] * 4
+    env_fns[1] = functools.partial(FaultyEnv, fault, 3)
+    envs = SubprocVecEnv(env_fns, envs_per_worker=2, context=context)
+    envs.reset(seed=0)
+    envs.step(np.zeros(4, np.int64))
+    envs.step(np.zeros(4, np.int64))
+    with pytest.raises(WorkerError, match=re.escape(f"env 1 raised {expected}")) as info:
+        envs.step(np.zeros(4, np.int64))
+    assert "during 'step'" in str(info.value) and "_maybe_fail" in str(info.value)
+    with pytest.raises(WorkerError, match="earlier failure"):
+        envs.step(np.zeros(4, np.int64))
+    timed(envs.close)
+    assert timed.elapsed < 6
+
+
+def test_reset_and_call_exceptions(no_orphans):
+    with SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "raise", 0)], envs_per_worker=1) as envs:
+        with pytest.raises(WorkerError, match="env 1 raised ValueError: boom at step 0 during 'reset'"):
+            envs.reset(seed=0)
+    with SubprocVecEnv([FaultyEnv] * 3, envs_per_worker=2) as envs:
+        with pytest.raises(WorkerError, match="env 0 raised KeyError: 'called explode' during 'call'"):
+            envs.call("explode")
+
+
+@pytest.mark.parametrize(("fault", "signal_name"), [("sigkill", "SIGKILL"), ("abort", "SIGABRT"), ("exit", "code 3")])
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_dying_worker_is_detected_fast(fault, signal_name, context, no_orphans):
+    env_fns = [FaultyEnv] * 5
+    env_fns[4] = functools.partial(FaultyEnv, fault, 2)
+    envs = SubprocVecEnv(env_fns, envs_per_worker=2, context=context)
+    envs.reset(seed=0)
+    envs.step(np.zeros(5, np.int64))
+    with pytest.raises(WorkerError) as info:
+        timed(lambda: envs.step(np.zeros(5, np.int64)))
+    assert timed.elapsed < 3, f"death took {timed.elapsed:.1f} s to detect"
+    message = str(info.value)
+    assert "worker 2" in message and "envs [4]" in message and signal_name in message and "'step'" in message
+    assert info.value.env_indices == (4,)
+    envs.close()
+
+
+def test_worker_killed_from_outside_while_idle(no_orphans):
+    envs = SubprocVecEnv([FaultyEnv] * 4, envs_per_worker=2)
+    envs.reset(seed=0)
+    os.kill(envs.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.2)
+    with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+, envs \[0, 1\]\) was killed by SIGKILL"):
+        timed(lambda: envs.step(np.zeros(4, np.int64)))
+    assert timed.elapsed < 3
+    envs.close()
+
+
+def test_hanging_env_times_out_and_close_is_bounded(no_orphans):
+    env_fns = [FaultyEnv, FaultyEnv, functools.partial(FaultyEnv, "hang", 1)]
+    envs = SubprocVecEnv(env_fns, envs_per_worker=1)
+    envs.reset(seed=0)
+    pids = envs.worker_pids
+    envs.step_async(np.zeros(3, np.int64))
+    with pytest.raises(TimeoutError, match=r"envs \[2\] did not answer 'step' within 0.5 s"):
+        timed(lambda: envs.step_wait(timeout=0.5))
+    assert 0.4 < timed.elapsed < 2
+    timed(envs.close)
+    assert timed.elapsed < 3
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_timeout_can_be_retried():
+    with SubprocVecEnv([functools.partial(FaultyEnv, terminate_at=99)] * 2, envs_per_worker=1) as envs:
+        envs.reset(seed=0)
+        envs.call("__setattr__", "fault", None)
+        envs.step_async(np.zeros(2, np.int64))
+        obs, *_ = envs.step_wait(timeout=5)
+        assert obs[:, 0].tolist() == [1, 1]
+
+
+def test_close_leaves_no_process(no_orphans):
+    for context in CONTEXTS:
+        envs = SubprocVecEnv([make_counter] * 4, envs_per_worker=1, context=context)
+        pids = envs.worker_pids
+        assert all(alive(pid) for pid in pids)
+        envs.close()
+        assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_never_closed_instance_is_cleaned_at_exit(context):
+    code = (
+        "import sys; from common.multiprocessing_env import SubprocVecEnv; from tests.envs import make_counter\n"
+        "if __name__ == '__main__':\n"
+        f"    envs = SubprocVecEnv([make_counter] * 3, envs_per_worker=1, context={context!r})\n"
+        "    envs.reset(seed=0)\n"
+        "    print(*envs.worker_pids, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pids = [int(pid) for pid in out.stdout.split()]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids)
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_workers_exit_when_the_parent_is_killed():
+    code = (
+        "import time; from common.multiprocessing_env import SubprocVecEnv; from tests.envs import make_counter\n"
+        "if __name__ == '__main__':\n"
+        "    envs = SubprocVecEnv([make_counter] * 2, envs_per_worker=1, context='fork')\n"
+        "    print(*envs.worker_pids, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in proc.stdout.readline().split()]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids)

@@ -143,3 +143,21 @@ class FaultyEnv(CounterEnv):
 
 def failing_factory():
     raise RuntimeError("factory refused to build the env")
+
+
+class ConstantRewardEnv(gym.Env):
+    """Reward 1 every step, never terminates: only the time limit cuts episodes, so V = 1 / (1 - gamma)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample() * 0, {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+# Registered on import: `--env-id tests.envs:ConstantReward-v0` imports this module in the trainer and every worker.
+gym.register("ConstantReward-v0", entry_point=ConstantRewardEnv, max_episode_steps=5)

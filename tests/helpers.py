@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +63,31 @@ def descendants(root: int | None = None) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def run_script(script, args, cwd, timeout=300, extra_env=None):
+    """Runs a script as a user would: a subprocess with a list argv, an absolute path and its own cwd."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def only_run_dir(cwd) -> Path:
+    runs = list((Path(cwd) / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]

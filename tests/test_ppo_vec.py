@@ -1,0 +1,169 @@
+"""ppo_vec.py end to end (as subprocesses, the way users run it) and its pure helpers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import REPO, only_run_dir, read_scalars, run_script
+
+sys.path.insert(0, str(REPO))
+import ppo_vec  # noqa: E402
+
+SCRIPT = REPO / "ppo_vec.py"
+CLEANRL_TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/learning_rate",
+    "charts/SPS",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+}
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
+
+
+def test_compute_gae_by_hand():
+    """Env 0 terminates after step 1; env 1 is truncated after step 1 with V(final_obs) = 5, folded in by the caller."""
+    gamma, lam = 0.9, 0.8
+    rewards = torch.tensor([[1.0, 0.0], [2.0, 1.0 + gamma * 5.0], [3.0, 0.0], [4.0, 1.0]])
+    values = torch.tensor([[0.5, 1.0], [1.0, 1.0], [1.5, 1.0], [2.0, 1.0]])
+    ends = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    next_value = torch.tensor([3.0, 2.0])
+    advantages = ppo_vec.compute_gae(rewards, values, ends, next_value, gamma, lam)
+    # By hand, backwards. Env 0: deltas 4.7, 3.3, 1.0 (no future after the termination), 1.4.
+    # Env 1: deltas 1.8, -0.1, 4.5 (= 1 + 0.9 * 5 - 1: the truncated step keeps its future), -0.1.
+    expected = torch.tensor(
+        [[1.4 + 0.72 * 1.0, -0.1 + 0.72 * 4.5], [1.0, 4.5], [3.3 + 0.72 * 4.7, -0.1 + 0.72 * 1.8], [4.7, 1.8]]
+    )
+    torch.testing.assert_close(advantages, expected)
+    # Treating the truncation as a termination would have dropped the future: advantage 0 at env 1, step 1.
+    rewards[1, 1] = 1.0
+    assert ppo_vec.compute_gae(rewards, values, ends, next_value, gamma, lam)[1, 1] == pytest.approx(0.0)
+
+
+def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
+    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1024", "--seed", "3"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    progress = [line for line in out.stdout.splitlines() if line.startswith("global_step=")]
+    assert progress and progress[-1].startswith("global_step=1024/1024 SPS=")
+    assert "episodic_return=" in progress[-1] and "ETA=" in progress[-1]
+    scalars = read_scalars(only_run_dir(tmp_path))
+    assert CLEANRL_TAGS <= scalars.keys()
+    assert [step for step, _ in scalars["losses/value_loss"]] == [128 * i for i in range(1, 9)]  # 8 iterations
+    assert all(0 < r <= 500 for _, r in scalars["charts/episodic_return"])
+
+
+def test_pendulum_tiny_run_saves_and_evaluates(tmp_path):
+    args = [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
+    out = run_script(SCRIPT, args, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "global_step=256/256" in out.stdout and "eval: mean return" in out.stdout
+    run_dir = only_run_dir(tmp_path)
+    assert CLEANRL_TAGS - {"charts/episodic_return", "charts/episodic_length"} <= read_scalars(run_dir).keys()
+    checkpoint = torch.load(run_dir / "ppo_vec.cleanrl_model", weights_only=True)
+    assert checkpoint["args"]["env_id"] == "Pendulum-v1"
+    assert checkpoint["obs_rms"]["mean"].shape == (3,) and (checkpoint["obs_rms"]["var"] > 0).all()
+    assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
+    # Evaluating later, from the file alone.
+    out = run_script(SCRIPT, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "eval: mean return" in out.stdout and "over 1 episodes" in out.stdout
+
+
+def test_copied_script_runs_alone(tmp_path):
+    """The copy-paste promise: ppo_vec.py plus common/ in an empty folder outside the repo is all it needs."""
+    project = tmp_path / "my_research"
+    project.mkdir()
+    shutil.copy(SCRIPT, project)
+    shutil.copytree(REPO / "common", project / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": ""}
+    out = run_script(project / "ppo_vec.py", [*TINY, "--total-timesteps", "256"], project, extra_env=env)
+    assert out.returncode == 0, out.stderr
+    assert "global_step=256/256" in out.stdout
+    assert str(REPO) not in out.stderr
+
+
+def test_same_seed_same_parameters_and_returns(tmp_path):
+    results = []
+    for run in ("a", "b"):
+        cwd = tmp_path / run
+        cwd.mkdir()
+        out = run_script(SCRIPT, [*TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"], cwd)
+        assert out.returncode == 0, out.stderr
+        run_dir = only_run_dir(cwd)
+        returns = read_scalars(run_dir)["charts/episodic_return"]
+        results.append((torch.load(run_dir / "ppo_vec.cleanrl_model", weights_only=True)["model"], returns))
+    (params_a, returns_a), (params_b, returns_b) = results
+    assert len(returns_a) > 5 and returns_a == returns_b
+    for name in params_a:
+        torch.testing.assert_close(params_a[name], params_b[name], rtol=0, atol=0)
+
+
+def test_truncation_is_bootstrapped_not_terminated(tmp_path):
+    """Reward 1 per step, episodes only ever cut at 5 steps: V must approach 1 / (1 - gamma) = 20, not ~3."""
+    args = ["--env-id", "tests.envs:ConstantReward-v0", "--gamma", "0.95", "--learning-rate", "3e-3", "--no-clip-vloss"]
+    args += [*TINY, "--total-timesteps", "12800", "--save-model", "--eval-episodes", "0", "--no-anneal-lr"]
+    out = run_script(SCRIPT, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    model = torch.load(only_run_dir(tmp_path) / "ppo_vec.cleanrl_model", weights_only=True)["model"]
+    agent = ppo_vec.Agent(2, ppo_vec.gym.spaces.Discrete(2))
+    agent.load_state_dict(model)
+    value = agent.get_value(torch.zeros(1, 2)).item()
+    assert 15 < value < 25, f"V = {value:.2f}; about 3 would mean truncation was treated as termination"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-envs", "0"], "--num-envs must be >= 1, got 0"),
+        (
+            ["--num-minibatches", "3"],
+            "--num-minibatches 3 must divide the batch size 1024 (--num-envs 8 x --num-steps 128)",
+        ),
+        (["--total-timesteps", "1000"], "--total-timesteps 1000 is smaller than one batch of 1024 steps"),
+        (
+            ["--env-id", "CartPol-v1"],
+            "--env-id 'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1",
+        ),
+        (
+            ["--env-id", "nowhere_module:Thing-v0"],
+            "--env-id 'nowhere_module:Thing-v0' is not a registered gymnasium env",
+        ),
+        (["--env-id", "ALE/Breakout-v5"], "use ppo_atari_multigpu.py"),
+        (["--env-id", "Blackjack-v1"], "needs a flat Box"),
+        (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
+        (["--envs-per-worker", "0"], "--envs-per-worker must be >= 1, got 0"),
+        (["--eval-checkpoint", "missing.pt"], "--eval-checkpoint 'missing.pt' is not a file"),
+    ],
+)
+def test_bad_input_is_rejected_with_the_flag_named(flags, message):
+    import tyro
+
+    with pytest.raises(ValueError) as info:
+        ppo_vec.check_args(tyro.cli(ppo_vec.Args, args=flags))
+    assert message in str(info.value)
+
+
+def test_bad_input_exits_with_one_line_before_starting_anything(tmp_path):
+    out = run_script(SCRIPT, ["--num-envs", "8", "--num-steps", "10", "--num-minibatches", "3"], tmp_path)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        "ppo_vec.py: error: --num-minibatches 3 must divide the batch size 80 (--num-envs 8 x --num-steps 10)"
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_documents_every_flag():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for field in ppo_vec.Args.__dataclass_fields__:
+        assert f"--{field.replace('_', '-')}" in out.stdout

@@ -401,9 +401,10 @@ def main(args: Args) -> None:
                 env_start = time.perf_counter()
                 next_obs_np, reward, terminations, truncations, infos = envs.step(env_actions)
                 env_time += time.perf_counter() - env_start
-                rewards[step] = torch.as_tensor(reward, device=device).float()
-                ends[step] = torch.as_tensor(terminations | truncations, device=device).float()
-                next_obs = torch.as_tensor(next_obs_np, device=device)
+                # from_numpy shares memory; the buffer write converts the dtype (and copies to the device)
+                rewards[step] = torch.from_numpy(reward).to(device)
+                ends[step] = torch.from_numpy(terminations | truncations).to(device)
+                next_obs = torch.from_numpy(next_obs_np).to(device)
 
                 # A time-limit cut still has a future: bootstrap it from the observation the env ended on.
                 cut = np.flatnonzero(truncations & ~terminations)

@@ -29,6 +29,7 @@ import struct
 import tempfile
 import time
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from copy import deepcopy
@@ -105,9 +106,15 @@ def _views(buffer: mmap.mmap, layout: list[tuple]) -> dict[str, np.ndarray]:
     return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset) for name, offset, shape, dtype in layout}
 
 
-def _attach(path: str, size: int) -> mmap.mmap:
-    with open(path, "r+b") as f:
-        return mmap.mmap(f.fileno(), size)
+def _anonymous_file(size: int) -> int:
+    """A file descriptor of `size` zero bytes that no path names: nothing to leak, even if we crash."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("subprocvecenv")
+    else:
+        fd, path = tempfile.mkstemp(prefix="subprocvecenv-")
+        os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd
 
 
 class _Channel:
@@ -143,6 +150,17 @@ class _Channel:
                 raise EOFError("the other end of the pipe is closed")
             buffer += chunk
 
+    def send_fd(self, data: bytes, fd: int) -> None:
+        """One message with a file descriptor attached (SCM_RIGHTS): how a worker gets the shared block."""
+        socket.send_fds(self.sock, [self._HEADER.pack(len(data)) + data], [fd])
+
+    def recv_fd(self) -> tuple[bytes, int]:
+        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 1)
+        if not fds:
+            raise EOFError("expected a file descriptor from the other end of the pipe")
+        self._buffer += data
+        return self.recv(), fds[0]
+
     def close(self) -> None:
         self.sock.close()
 
@@ -164,8 +182,11 @@ def _worker(first: int, env_fns_bytes: bytes, sock: socket.socket, parent_sock: 
         conn.send(_PAYLOAD + pickle.dumps((spaces, envs[0].metadata, envs[0].render_mode), _PICKLE))
 
         command = "attach"  # map the block the parent laid out from those spaces: this worker's rows only
-        path, size, layout, obs_in_shm = pickle.loads(memoryview(conn.recv())[1:])
-        views = {name: view[first : first + n] for name, view in _views(_attach(path, size), layout).items()}
+        msg, fd = conn.recv_fd()
+        size, layout, obs_in_shm = pickle.loads(memoryview(msg)[1:])
+        block = mmap.mmap(fd, size)
+        os.close(fd)
+        views = {name: view[first : first + n] for name, view in _views(block, layout).items()}
         rewards, terminations, truncations = views["rewards"], views["terminations"], views["truncations"]
         obs_space = envs[0].observation_space
         obs_views = [views[f"obs{j}"] for j in range(len(_leaves(obs_space)))] if obs_in_shm else None
@@ -306,6 +327,8 @@ class SubprocVecEnv(VectorEnv):
         envs_per_worker: int | None = None,
         context: str | None = None,
         shared_memory: bool = True,
+        max_restarts: int = 0,
+        step_timeout: float | None = None,
         close_timeout: float = 5.0,
     ):
         super().__init__()
@@ -321,62 +344,89 @@ class SubprocVecEnv(VectorEnv):
         context = context or _default_context()
         if context not in mp.get_all_start_methods():
             raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        if step_timeout is not None and step_timeout <= 0:
+            raise ValueError(f"step_timeout must be > 0 seconds (or None), got {step_timeout}")
         self.envs_per_worker = envs_per_worker
+        self.max_restarts, self.restarts, self.step_timeout = max_restarts, 0, step_timeout
         self.close_timeout = close_timeout
         self._slices = [
             slice(lo, min(lo + envs_per_worker, self.num_envs)) for lo in range(0, self.num_envs, envs_per_worker)
         ]
         self.num_workers = len(self._slices)
+        self._env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in self._slices]  # kept to rebuild crashed envs
+        self._ctx, self._fork = mp.get_context(context), context == "fork"
         self._procs: list = []
         self._conns: list = []
         self._stuck: set[int] = set()  # workers that failed to answer in time: terminated, not asked, on close
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._stuck, close_timeout)
+        self._poller = select.poll()  # every worker's socket and process sentinel (readable once it exits)
+        self._fd_owner: dict[int, int] = {}
         self._pending: dict[int, str] = {}  # worker -> command awaiting its reply
         self._replies: dict[int, Any] = {}
         self._failed: WorkerError | None = None
         self._waiting_step = False
-
-        ctx, fork = mp.get_context(context), context == "fork"
+        self._shm_fd: int | None = None
         try:
-            for w, sl in enumerate(self._slices):
-                parent_sock, child_sock = socket.socketpair()
-                proc = ctx.Process(
-                    target=_worker,
-                    name=f"SubprocVecEnv-worker-{w}",
-                    args=(sl.start, cloudpickle.dumps(env_fns[sl]), child_sock, parent_sock if fork else None),
-                    daemon=True,
-                )
-                proc.start()
-                child_sock.close()
-                self._procs.append(proc)
-                self._conns.append(_Channel(parent_sock))
-            # One poll set for the whole life: each worker's socket and its process sentinel (readable at exit).
-            self._poller = select.poll()
-            self._fd_owner = {}
-            for w, (conn, proc) in enumerate(zip(self._conns, self._procs, strict=True)):
-                for fd in (conn.fd, proc.sentinel):
-                    self._poller.register(fd, select.POLLIN)
-                    self._fd_owner[fd] = w
-            self._pending = {w: "make" for w in range(self.num_workers)}
+            for w in range(self.num_workers):
+                self._start_worker(w)
             self._setup(shared_memory)
         except BaseException:
             self.close(timeout=1.0)
             raise
 
-    def _setup(self, shared_memory: bool) -> None:
-        """Checks every env's spaces against env 0's, then maps the shared block into every worker."""
-        self._collect(None)
-        replies = [self._replies.pop(w) for w in range(self.num_workers)]
-        spaces = [space for reply in replies for space in reply[0]]
-        _, metadata, self.render_mode = replies[0]
-        self.single_observation_space, self.single_action_space = spaces[0]
-        for i, (obs_space, act_space) in enumerate(spaces):
+    def _start_worker(self, w: int) -> None:
+        """Starts worker `w` (afresh after a crash) and watches its socket and sentinel; it answers with spaces."""
+        parent_sock, child_sock = socket.socketpair()
+        proc = self._ctx.Process(
+            target=_worker,
+            name=f"SubprocVecEnv-worker-{w}",
+            args=(self._slices[w].start, self._env_fns_bytes[w], child_sock, parent_sock if self._fork else None),
+            daemon=True,
+        )
+        proc.start()
+        child_sock.close()
+        conn = _Channel(parent_sock)
+        if w < len(self._procs):
+            self._procs[w], self._conns[w] = proc, conn
+        else:
+            self._procs.append(proc)
+            self._conns.append(conn)
+        for fd in (conn.fd, proc.sentinel):
+            self._poller.register(fd, select.POLLIN)
+            self._fd_owner[fd] = w
+        self._pending[w] = "make"
+
+    def _forget(self, w: int) -> None:
+        """Stops watching worker `w` and makes sure it is gone."""
+        for fd in (self._conns[w].fd, self._procs[w].sentinel):
+            if self._fd_owner.pop(fd, None) is not None:
+                self._poller.unregister(fd)
+        self._conns[w].close()
+        self._procs[w].kill()
+        self._procs[w].join(2.0)
+        self._pending.pop(w, None)
+        self._replies.pop(w, None)
+        self._stuck.discard(w)
+
+    def _check_spaces(self, first: int, spaces: list) -> None:
+        for i, (obs_space, act_space) in enumerate(spaces, start=first):
             if obs_space != self.single_observation_space or act_space != self.single_action_space:
                 raise RuntimeError(
                     f"env {i} has observation space {obs_space} and action space {act_space}, but env 0 has "
                     f"{self.single_observation_space} and {self.single_action_space}; all envs must match"
                 )
-        self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
+
+    def _setup(self, shared_memory: bool) -> None:
+        """Checks every env's spaces against env 0's, then maps one shared block into every worker."""
+        self._collect(None)
+        replies = [self._replies.pop(w) for w in range(self.num_workers)]
+        self.single_observation_space, self.single_action_space = replies[0][0][0]
+        for w, (spaces, _, _) in enumerate(replies):
+            self._check_spaces(self._slices[w].start, spaces)
+        self.metadata = dict(replies[0][1], autoreset_mode=AutoresetMode.SAME_STEP)
+        self.render_mode = replies[0][2]
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
@@ -394,17 +444,13 @@ class SubprocVecEnv(VectorEnv):
         for j, leaf in enumerate(obs_leaves or []):
             fields.append((f"obs{j}", (n, *leaf.shape), leaf.dtype))
         layout, size = _layout(fields)
-
-        fd, path = tempfile.mkstemp(prefix="subprocvecenv-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        try:
-            os.ftruncate(fd, size)
-            os.close(fd)
-            self._shm = _attach(path, size)
-            self._send_all(_ATTACH, (path, size, layout, self._obs_in_shm))
-            self._collect(None)
-            self._replies.clear()
-        finally:
-            os.unlink(path)  # every process holds its own mapping now; nothing is left on disk on a crash
+        self._attach_message = _ATTACH + pickle.dumps((size, layout, self._obs_in_shm), _PICKLE)
+        self._shm_fd = _anonymous_file(size)
+        self._shm = mmap.mmap(self._shm_fd, size)
+        for w in range(self.num_workers):
+            self._attach(w)
+        self._collect(None)
+        self._replies.clear()
         views = _views(self._shm, layout)
         self._rewards, self._terminations = views["rewards"], views["terminations"]
         self._truncations, self._action_buffer = views["truncations"], views["actions"]
@@ -412,6 +458,13 @@ class SubprocVecEnv(VectorEnv):
         if not self._obs_in_shm:
             self._env_obs: list[Any] = [None] * n
             self._obs_buffer = create_empty_array(self.single_observation_space, n=n, fn=np.zeros)
+
+    def _attach(self, w: int) -> None:
+        try:
+            self._conns[w].send_fd(self._attach_message, self._shm_fd)
+        except OSError:
+            pass  # a dead worker: _collect reports it
+        self._pending[w] = "attach"
 
     # ------------------------------------------------------------------ messaging
     def _check_usable(self, name: str) -> None:
@@ -434,73 +487,114 @@ class SubprocVecEnv(VectorEnv):
         try:
             self._conns[w].send(cmd if arg is None else cmd + pickle.dumps(arg, _PICKLE))
         except OSError:
-            self._pending[w] = _COMMAND_NAMES[cmd]
-            raise self._death(w) from None
+            pass  # a dead worker: its sentinel is readable, and _collect reports it
         self._pending[w] = _COMMAND_NAMES[cmd]
 
     def _send_all(self, cmd: bytes, arg: Any = None) -> None:
         for w in range(self.num_workers):
             self._send(w, cmd, arg)
 
-    def _collect(self, timeout: float | None) -> None:
+    def _envs_of(self, w: int) -> list[int]:
+        return list(range(self.num_envs)[self._slices[w]])
+
+    def _collect(self, timeout: float | None, restart: bool = False) -> dict[int, WorkerError]:
         """Waits for the reply of every pending worker into `self._replies`; raises on death, error or timeout.
 
-        When envs raise, the replies of the other workers are still collected (they are on their way), then
-        the failure of the lowest env index is raised, so the report does not depend on who answered first.
+        All replies on their way are still collected after a failure, then the failure of the lowest env index
+        is raised, so the report does not depend on who answered first. With `restart`, failures that fit in
+        the restart budget are returned instead, for the caller to restart those workers.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        errors: list[tuple[int, int, tuple]] = []
+        failures: dict[int, WorkerError] = {}
         while self._pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
             ready = {self._fd_owner[fd] for fd, _ in self._poller.poll(remaining)}
             if not ready:
-                self._stuck.update(self._pending)
-                envs = [i for w in sorted(self._pending) for i in range(self.num_envs)[self._slices[w]]]
-                raise TimeoutError(
-                    f"envs {envs} did not answer '{next(iter(self._pending.values()))}' within {timeout} s "
-                    f"(workers {sorted(self._pending)}); call step_wait() again to keep waiting, or close()"
-                )
+                stuck = sorted(self._pending)
+                command = self._pending[stuck[0]]
+                envs = [i for w in stuck for i in self._envs_of(w)]
+                message = f"envs {envs} did not answer '{command}' within {timeout} s (workers {stuck})"
+                self._stuck.update(stuck)  # never asked politely again: terminated on restart or close
+                if restart and self.restarts + len(failures) + len(stuck) <= self.max_restarts:
+                    for w in stuck:
+                        failures[w] = WorkerError(message, self._envs_of(w), command)
+                        del self._pending[w]
+                    break
+                raise TimeoutError(f"{message}; call step_wait() again to keep waiting, or close()")
             for w in sorted(ready):
                 if w not in self._pending:  # an idle worker is readable only once it has died
-                    raise self._death(w)
+                    failures[w] = self._death(w)
+                    continue
                 try:
                     msg = self._conns[w].recv()
                 except (EOFError, OSError):
-                    raise self._death(w) from None
+                    failures[w] = self._death(w)
+                    del self._pending[w]
+                    continue
                 del self._pending[w]
                 self._stuck.discard(w)
                 status = msg[:1]
                 payload = None if status == _OK else pickle.loads(memoryview(msg)[1:])
-                if status == _ERROR:  # the worker exits after this reply: its EOF is no news
-                    errors.append((payload[0], w, payload))
-                    self._poller.unregister(self._conns[w].fd)
-                    self._poller.unregister(self._procs[w].sentinel)
+                if status == _ERROR:
+                    failures[w] = self._error(w, payload)
+                    for fd in (self._conns[w].fd, self._procs[w].sentinel):  # it exits now: its EOF is no news
+                        if self._fd_owner.pop(fd, None) is not None:
+                            self._poller.unregister(fd)
                 self._replies[w] = payload
-        if errors:
-            errors.sort()
-            env_index, w, (_, command, summary, remote_tb) = errors[0]
-            also = f" (envs {[e[0] for e in errors[1:]]} failed too)" if len(errors) > 1 else ""
-            self._failed = WorkerError(
-                f"env {env_index} raised {summary} during '{command}' (worker {w}, pid {self._procs[w].pid}){also}.\n"
-                f"Worker traceback:\n{remote_tb}",
-                [env_index],
-                command,
-            )
-            raise self._failed
+        if failures and not (restart and self.restarts + len(failures) <= self.max_restarts):
+            ordered = sorted(failures.items(), key=lambda item: item[1].env_indices)
+            error = ordered[0][1]
+            if len(ordered) > 1:
+                error.args = (
+                    f"{error.args[0]}\n(envs {[i for _, e in ordered[1:] for i in e.env_indices]} failed too)",
+                )
+            self._failed = error
+            raise error
+        return failures
+
+    def _error(self, w: int, payload: tuple) -> WorkerError:
+        env_index, command, summary, remote_tb = payload
+        return WorkerError(
+            f"env {env_index} raised {summary} during '{command}' (worker {w}, pid {self._procs[w].pid}).\n"
+            f"Worker traceback:\n{remote_tb}",
+            [env_index],
+            command,
+        )
 
     def _death(self, w: int) -> WorkerError:
         proc, command = self._procs[w], self._pending.get(w, "?")
         proc.join(2.0)  # it closed its pipe: collect the exit code it is about to have
-        envs = list(range(self.num_envs)[self._slices[w]])
-        self._failed = WorkerError(
-            f"worker {w} (pid {proc.pid}, envs {envs}) {_describe_exit(proc.exitcode)} during '{command}'; "
-            f"close() this SubprocVecEnv and build a new one",
-            envs,
+        for fd in (self._conns[w].fd, proc.sentinel):
+            if self._fd_owner.pop(fd, None) is not None:
+                self._poller.unregister(fd)
+        return WorkerError(
+            f"worker {w} (pid {proc.pid}, envs {self._envs_of(w)}) {_describe_exit(proc.exitcode)} during "
+            f"'{command}'; close() this SubprocVecEnv and build a new one",
+            self._envs_of(w),
             command,
             proc.exitcode,
         )
-        self._stuck.add(w)
-        return self._failed
+
+    def _restart(self, w: int, error: WorkerError) -> tuple:
+        """Replaces crashed worker `w` with a fresh one and resets its envs; returns the reset reply."""
+        self.restarts += 1
+        reason = str(error).splitlines()[0]
+        warnings.warn(
+            f"SubprocVecEnv: restarting worker {w} (envs {self._envs_of(w)}), restart {self.restarts} of "
+            f"{self.max_restarts}, after: {reason}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self._forget(w)
+        self._start_worker(w)
+        self._collect(None)
+        self._check_spaces(self._slices[w].start, self._replies.pop(w)[0])
+        self._attach(w)
+        self._collect(None)
+        n = len(self._envs_of(w))
+        self._send(w, _RESET, ([None] * n, None, np.ones(n, dtype=np.bool_)))
+        self._collect(None)
+        return self._replies.pop(w)
 
     # ------------------------------------------------------------------ VectorEnv API
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
@@ -529,11 +623,15 @@ class SubprocVecEnv(VectorEnv):
             obs_list, env_infos = self._replies.pop(w)
             for k, info in env_infos:
                 infos = self._add_info(infos, info, self._slices[w].start + k)
-            if obs_list is not None:
-                for k, obs in enumerate(obs_list):
-                    if obs is not None:
-                        self._env_obs[self._slices[w].start + k] = obs
-        return self._observations(), infos
+            self._store_obs(w, obs_list)
+        self._last_obs = self._observations()
+        return self._last_obs, infos
+
+    def _store_obs(self, w: int, obs_list: list | None) -> None:
+        """Observations that came over the pipe (spaces shared memory cannot hold); None where none was sent."""
+        for k, obs in enumerate(obs_list or []):
+            if obs is not None:
+                self._env_obs[self._slices[w].start + k] = obs
 
     def step(self, actions):
         self.step_async(actions)
@@ -560,15 +658,31 @@ class SubprocVecEnv(VectorEnv):
         self._waiting_step = True
 
     def step_wait(self, timeout: float | None = None):
-        """Waits for the step sent by `step_async`; TimeoutError names the slow envs after `timeout` seconds."""
+        """Waits for the step sent by `step_async`. After `timeout` seconds (default: `step_timeout`) a
+        TimeoutError names the slow envs, unless the restart budget allows replacing their workers.
+
+        A crashed, raising or stuck worker within the `max_restarts` budget is replaced and its envs reset:
+        their step reports truncated=True, reward 0, `final_obs` = the last observation returned, and
+        `infos["worker_restart"]` (and `final_info["worker_restart"]`) True.
+        """
         if self.closed:
             raise ClosedEnvironmentError("SubprocVecEnv.step_wait() was called after close(); build a new one")
         if not self._waiting_step:
             raise NoAsyncCallError("step_wait() was called without a pending step_async()", "step")
-        self._collect(timeout)
+        failures = self._collect(self.step_timeout if timeout is None else timeout, restart=self.max_restarts > 0)
+        restarted = {w: self._restart(w, error) for w, error in sorted(failures.items())}
         self._waiting_step = False
+        last_obs = list(iterate(self.observation_space, self._last_obs)) if restarted else None
         infos: dict[str, Any] = {}
         for w, sl in enumerate(self._slices):
+            if w in restarted:
+                obs_list, reset_infos = restarted[w]
+                for i in range(sl.start, sl.stop):
+                    self._rewards[i], self._terminations[i], self._truncations[i] = 0.0, False, True
+                    infos = self._add_info(infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i)
+                    infos = self._add_info(infos, dict(reset_infos[i - sl.start][1], worker_restart=True), i)
+                self._store_obs(w, obs_list)
+                continue
             reply = self._replies.pop(w)
             if reply is None:
                 continue
@@ -577,10 +691,10 @@ class SubprocVecEnv(VectorEnv):
                 if final is not None:
                     infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k)
                 infos = self._add_info(infos, info, sl.start + k)
-            if obs_list is not None:
-                self._env_obs[sl] = obs_list
+            self._store_obs(w, obs_list)
+        self._last_obs = self._observations()
         return (
-            self._observations(),
+            self._last_obs,
             self._rewards.copy(),
             self._terminations.copy(),
             self._truncations.copy(),
@@ -636,6 +750,9 @@ class SubprocVecEnv(VectorEnv):
         """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`), then kills."""
         self._finalizer.detach()
         _shutdown(self._procs, self._conns, self._stuck, self.close_timeout if timeout is None else timeout)
+        if self._shm_fd is not None:
+            os.close(self._shm_fd)
+            self._shm_fd = None
 
     def __enter__(self):
         return self

@@ -358,3 +358,50 @@ def test_workers_exit_when_the_parent_is_killed():
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in pids)
+
+
+# ---------------------------------------------------------------------------------------------------- restarts
+@pytest.mark.parametrize("fault", ["raise", "sigkill", "abort"])
+def test_crashed_worker_is_restarted_within_budget(fault, no_orphans):
+    env_fns = [FaultyEnv] * 4
+    env_fns[3] = functools.partial(FaultyEnv, fault, 3)
+    envs = SubprocVecEnv(env_fns, envs_per_worker=2, max_restarts=1)
+    envs.reset(seed=0)
+    for _ in range(2):
+        last_obs, *_ = envs.step(np.zeros(4, np.int64))
+    old_pid = envs.worker_pids[1]
+    with pytest.warns(RuntimeWarning, match=r"restarting worker 1 \(envs \[2, 3\]\), restart 1 of 1"):
+        obs, rewards, terminations, truncations, infos = envs.step(np.zeros(4, np.int64))
+    assert envs.restarts == 1 and not alive(old_pid)
+    assert truncations.tolist() == [False, False, True, True] and not terminations.any()
+    assert rewards.tolist() == [0.0, 0.0, 0.0, 0.0]  # CounterEnv pays t * action, and the actions were 0
+    assert obs[:, 0].tolist() == [3, 3, 0, 0]  # the healthy worker stepped; the rebuilt envs start afresh
+    assert infos["_final_obs"].tolist() == [False, False, True, True]
+    np.testing.assert_array_equal(infos["final_obs"][3], last_obs[3])
+    assert infos["final_info"]["worker_restart"][2:].all() and infos["_worker_restart"].tolist() == [0, 0, 1, 1]
+    for _ in range(2):
+        envs.step(np.zeros(4, np.int64))
+    with pytest.raises(WorkerError, match="env 3|worker 1"):  # the rebuilt env fails again: budget spent
+        envs.step(np.zeros(4, np.int64))
+    envs.close()
+
+
+def test_stuck_worker_is_replaced_after_step_timeout(no_orphans):
+    env_fns = [FaultyEnv, FaultyEnv, functools.partial(FaultyEnv, "hang", 2)]
+    envs = SubprocVecEnv(env_fns, envs_per_worker=1, max_restarts=2, step_timeout=0.5)
+    envs.reset(seed=0)
+    envs.step(np.zeros(3, np.int64))
+    stuck_pid = envs.worker_pids[2]
+    with pytest.warns(RuntimeWarning, match="did not answer 'step' within 0.5 s"):
+        timed(lambda: envs.step(np.zeros(3, np.int64)))
+    assert timed.elapsed < 4 and not alive(stuck_pid)
+    obs, *_ = envs.step(np.zeros(3, np.int64))
+    assert obs[:, 0].tolist() == [3, 3, 1]
+    envs.close()
+
+
+def test_restart_arguments_are_checked():
+    with pytest.raises(ValueError, match="max_restarts must be >= 0"):
+        SubprocVecEnv([make_counter], max_restarts=-1)
+    with pytest.raises(ValueError, match="step_timeout must be > 0"):
+        SubprocVecEnv([make_counter], step_timeout=0)

@@ -22,6 +22,7 @@ run resumed with the same flags continues exactly as if it had never stopped.
 """
 
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -115,6 +116,10 @@ class Args:
     """envs stepped by each worker process (default: spread the rank's envs over its share of the cores)"""
     num_threads: int | None = None
     """torch CPU threads per rank (default: the rank's share of the cores)"""
+    max_restarts: int = 0
+    """times a crashed, raising or stuck env worker may be replaced, per rank (its episodes end as truncated)"""
+    step_timeout: float | None = None
+    """seconds an env step may take before its worker counts as stuck (default: no limit)"""
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
@@ -210,6 +215,13 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> None:
         ("checkpoint-interval", args.checkpoint_interval, args.checkpoint_interval >= 0, ">= 0 (0: never)"),
         ("envs-per-worker", args.envs_per_worker, args.envs_per_worker is None or args.envs_per_worker >= 1, ">= 1"),
         ("num-threads", args.num_threads, args.num_threads is None or args.num_threads >= 1, ">= 1"),
+        ("max-restarts", args.max_restarts, args.max_restarts >= 0, ">= 0"),
+        (
+            "step-timeout",
+            args.step_timeout,
+            args.step_timeout is None or args.step_timeout > 0,
+            "> 0 seconds (or unset)",
+        ),
         ("backend", args.backend, args.backend in (None, "nccl", "gloo", "mpi"), "nccl, gloo or mpi"),
     ]:
         if not ok:
@@ -236,7 +248,8 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> None:
     if args.resume is not None:
         if not os.path.isfile(args.resume):
             raise ValueError(f"--resume {args.resume!r} is not a file")
-        ranks = len(load_checkpoint(args.resume)["rng"])
+        rng = load_checkpoint(args.resume)["rng"]
+        ranks = world_size if rng is None else len(rng)  # a checkpoint written on interrupt has no RNG states
         if ranks != world_size:
             raise ValueError(
                 f"--resume {args.resume} was written by {ranks} ranks; resume it with {ranks}, not {world_size}"
@@ -290,7 +303,8 @@ def evaluate(agent: Agent, env_id: str, eval_episodes: int, seed: int, device) -
     return returns
 
 
-def main(args: Args) -> None:
+def main(args: Args) -> int | None:
+    """Trains; returns the exit status 128 + signal number when stopped by SIGINT or SIGTERM."""
     # torchrun sets these; plain `python` is one rank with no process group.
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size, local_world_size = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -310,6 +324,17 @@ def main(args: Args) -> None:
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = None
     envs = None
+
+    # Ctrl-C and SIGTERM (torchrun forwards them to every rank) stop training: save what there is, close, exit.
+    received = []
+
+    def stop(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         if is_main:
             if args.track:
@@ -339,6 +364,8 @@ def main(args: Args) -> None:
         envs = SubprocVecEnv(
             [make_env(args.env_id, i, args.capture_video and is_main, run_name) for i in range(args.local_num_envs)],
             envs_per_worker=args.envs_per_worker or -(-args.local_num_envs // workers),
+            max_restarts=args.max_restarts,
+            step_timeout=args.step_timeout,
         )
 
         torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
@@ -354,9 +381,12 @@ def main(args: Args) -> None:
             agent.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            torch.set_rng_state(checkpoint["rng"][rank][0])
-            if use_cuda and checkpoint["rng"][rank][1] is not None:
-                torch.cuda.set_rng_state(checkpoint["rng"][rank][1])
+            if checkpoint["rng"] is None:  # written on interrupt: the run goes on, though not bit for bit
+                torch.manual_seed(args.seed + rank + start_iteration * world_size)
+            else:
+                torch.set_rng_state(checkpoint["rng"][rank][0])
+                if use_cuda and checkpoint["rng"][rank][1] is not None:
+                    torch.cuda.set_rng_state(checkpoint["rng"][rank][1])
         else:
             torch.manual_seed(args.seed + rank)  # action sampling and minibatch order differ across ranks
         ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None) if distributed else agent
@@ -382,161 +412,193 @@ def main(args: Args) -> None:
         next_obs, _ = envs.reset(seed=first_seed)
         next_obs = torch.as_tensor(next_obs, device=device)
 
-        for iteration in range(start_iteration, num_iterations + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            env_time, rollout_start, local_episodes = 0.0, time.perf_counter(), []
+        iteration = start_iteration - 1
+        try:
+            for iteration in range(start_iteration, num_iterations + 1):
+                if args.anneal_lr:
+                    frac = 1.0 - (iteration - 1.0) / num_iterations
+                    optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                env_time, rollout_start, local_episodes = 0.0, time.perf_counter(), []
 
-            # ROLLOUT
-            for step in range(args.num_steps):
-                global_step += args.local_num_envs * world_size
-                with torch.inference_mode():
-                    obs[step] = next_obs
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                    values[step] = value.flatten()
-                    actions[step] = action
-                    logprobs[step] = logprob
-                    env_actions = action.cpu().numpy()
-                env_start = time.perf_counter()
-                next_obs_np, reward, terminations, truncations, infos = envs.step(env_actions)
-                env_time += time.perf_counter() - env_start
-                # from_numpy shares memory; the buffer write converts the dtype (and copies to the device)
-                rewards[step] = torch.from_numpy(reward).to(device)
-                ends[step] = torch.from_numpy(terminations | truncations).to(device)
-                next_obs = torch.from_numpy(next_obs_np).to(device)
-
-                # A time-limit cut still has a future: bootstrap it from the observation the env ended on.
-                cut = np.flatnonzero(truncations & ~terminations)
-                if cut.size:
-                    final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), device=device)
+                # ROLLOUT
+                for step in range(args.num_steps):
+                    global_step += args.local_num_envs * world_size
                     with torch.inference_mode():
-                        rewards[step, cut] += args.gamma * agent.get_value(final_obs).flatten()
+                        obs[step] = next_obs
+                        action, logprob, _, value = agent.get_action_and_value(next_obs)
+                        values[step] = value.flatten()
+                        actions[step] = action
+                        logprobs[step] = logprob
+                        env_actions = action.cpu().numpy()
+                    env_start = time.perf_counter()
+                    next_obs_np, reward, terminations, truncations, infos = envs.step(env_actions)
+                    env_time += time.perf_counter() - env_start
+                    # from_numpy shares memory; the buffer write converts the dtype (and copies to the device)
+                    rewards[step] = torch.from_numpy(reward).to(device)
+                    ends[step] = torch.from_numpy(terminations | truncations).to(device)
+                    next_obs = torch.from_numpy(next_obs_np).to(device)
 
-                if "final_info" in infos and "episode" in infos["final_info"]:
-                    episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                    local_episodes += [(float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(mask)]
+                    # A time-limit cut still has a future: bootstrap it from the observation the env ended on.
+                    cut = np.flatnonzero(truncations & ~terminations)
+                    if cut.size:
+                        final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), device=device)
+                        with torch.inference_mode():
+                            rewards[step, cut] += args.gamma * agent.get_value(final_obs).flatten()
 
-            # GAE
-            update_start = time.perf_counter()
-            inference_time = update_start - rollout_start - env_time  # policy forward passes and bookkeeping
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs).flatten()
-                advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
-                returns = advantages + values
+                    if "final_info" in infos and "episode" in infos["final_info"]:
+                        episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
+                        local_episodes += [(float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(mask)]
 
-            # UPDATE
-            b_obs = obs.reshape((-1,) + obs_shape)
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape(-1)
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
+                # GAE
+                update_start = time.perf_counter()
+                inference_time = update_start - rollout_start - env_time  # policy forward passes and bookkeeping
+                with torch.no_grad():
+                    next_value = agent.get_value(next_obs).flatten()
+                    advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
+                    returns = advantages + values
 
-            sums = torch.zeros(6, device=device)  # pg, v, entropy, old_approx_kl, approx_kl, clipfrac: update means
-            num_updates = 0
-            for _ in range(args.update_epochs):
-                b_inds = torch.randperm(local_batch_size, device=device)
-                for start in range(0, local_batch_size, local_minibatch_size):
-                    mb_inds = b_inds[start : start + local_minibatch_size]
-                    _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
+                # UPDATE
+                b_obs = obs.reshape((-1,) + obs_shape)
+                b_logprobs = logprobs.reshape(-1)
+                b_actions = actions.reshape(-1)
+                b_advantages = advantages.reshape(-1)
+                b_returns = returns.reshape(-1)
+                b_values = values.reshape(-1)
 
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+                sums = torch.zeros(6, device=device)  # pg, v, entropy, old_approx_kl, approx_kl, clipfrac: update means
+                num_updates = 0
+                for _ in range(args.update_epochs):
+                    b_inds = torch.randperm(local_batch_size, device=device)
+                    for start in range(0, local_batch_size, local_minibatch_size):
+                        mb_inds = b_inds[start : start + local_minibatch_size]
+                        _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
+                        logratio = newlogprob - b_logprobs[mb_inds]
+                        ratio = logratio.exp()
 
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                        with torch.no_grad():
+                            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                            old_approx_kl = (-logratio).mean()
+                            approx_kl = ((ratio - 1) - logratio).mean()
+                            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+                        mb_advantages = b_advantages[mb_inds]
+                        if args.norm_adv:
+                            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                    # Value loss
-                    newvalue = newvalue.view(-1)
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+                        # Policy loss
+                        pg_loss1 = -mb_advantages * ratio
+                        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                        # Value loss
+                        newvalue = newvalue.view(-1)
+                        if args.clip_vloss:
+                            v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                            v_clipped = b_values[mb_inds] + torch.clamp(
+                                newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                            )
+                            v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                        else:
+                            v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
-                    optimizer.zero_grad()
-                    loss.backward()  # under DDP, gradients arrive here averaged over all ranks
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    sums += torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
-                    num_updates += 1
+                        entropy_loss = entropy.mean()
+                        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 
-                if args.target_kl is not None:
-                    # Decide on the mean over ranks: a rank that stopped alone would hang the others' all-reduce.
-                    kl = approx_kl.detach().clone()
-                    if distributed:
-                        dist.all_reduce(kl)
-                        kl /= world_size
-                    if kl > args.target_kl:
-                        break
-            update_time = time.perf_counter() - update_start
+                        optimizer.zero_grad()
+                        loss.backward()  # under DDP, gradients arrive here averaged over all ranks
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                        optimizer.step()
+                        sums += torch.stack(
+                            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+                        ).detach()
+                        num_updates += 1
 
-            # LOGGING
-            if distributed:
-                dist.all_reduce(sums)
-                sums /= world_size
-            episodes = [
-                episode for rank_episodes in all_ranks(local_episodes, distributed) for episode in rank_episodes
-            ]
-            if args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
-                rng = all_ranks((torch.get_rng_state(), torch.cuda.get_rng_state() if use_cuda else None), distributed)
-                if is_main:
-                    state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng}
-                    state |= {"iteration": iteration, "global_step": global_step, "args": asdict(args)}
-                    save_checkpoint(f"runs/{run_name}/checkpoint.pt", state)
-                next_obs = torch.as_tensor(envs.reset(seed=env_seed(iteration))[0], device=device)
-            if not is_main:
-                continue
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-            pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = (sums / num_updates).tolist()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            for episodic_return, episodic_length in episodes:
-                recent_returns.append(episodic_return)
-                writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("perf/env_seconds", env_time, global_step)
-            writer.add_scalar("perf/inference_seconds", inference_time, global_step)
-            writer.add_scalar("perf/update_seconds", update_time, global_step)
-            if time.time() - last_print > 2 or iteration == num_iterations:
-                last_print = time.time()
-                mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                eta = (args.total_timesteps - global_step) / max(sps, 1)
-                print(
-                    f"global_step={global_step}/{args.total_timesteps} SPS={sps} "
-                    f"episodic_return={mean_return} (last {len(recent_returns)}) ETA={eta:.0f}s "
-                    f"[rank 0: env {env_time:.2f}s, inference {inference_time:.2f}s, update {update_time:.2f}s]",
-                    flush=True,
-                )
+                    if args.target_kl is not None:
+                        # Decide on the mean over ranks: a rank that stopped alone would hang the others' all-reduce.
+                        kl = approx_kl.detach().clone()
+                        if distributed:
+                            dist.all_reduce(kl)
+                            kl /= world_size
+                        if kl > args.target_kl:
+                            break
+                update_time = time.perf_counter() - update_start
+                if not (torch.isfinite(sums).all() and all(torch.isfinite(p).all() for p in agent.parameters())):
+                    # Parameters are identical on every rank, so every rank stops here, together.
+                    raise FloatingPointError(
+                        f"iteration {iteration} (global_step {global_step}): the loss or the parameters became "
+                        f"NaN/Inf; no checkpoint was written after the last good one. Lower --learning-rate "
+                        f"(now {args.learning_rate}) or resume from the last checkpoint"
+                    )
+
+                # LOGGING
+                if distributed:
+                    dist.all_reduce(sums)
+                    sums /= world_size
+                episodes = [
+                    episode for rank_episodes in all_ranks(local_episodes, distributed) for episode in rank_episodes
+                ]
+                if args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
+                    rng = all_ranks(
+                        (torch.get_rng_state(), torch.cuda.get_rng_state() if use_cuda else None), distributed
+                    )
+                    if is_main:
+                        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng}
+                        state |= {"iteration": iteration, "global_step": global_step, "args": asdict(args)}
+                        save_checkpoint(f"runs/{run_name}/checkpoint.pt", state)
+                    next_obs = torch.as_tensor(envs.reset(seed=env_seed(iteration))[0], device=device)
+                if not is_main:
+                    continue
+                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+                var_y = np.var(y_true)
+                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = (sums / num_updates).tolist()
+                sps = int((global_step - start_step) / (time.time() - start_time))
+                for episodic_return, episodic_length in episodes:
+                    recent_returns.append(episodic_return)
+                    writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                    writer.add_scalar("charts/episodic_length", episodic_length, global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("losses/value_loss", v_loss, global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+                writer.add_scalar("losses/entropy", entropy_loss, global_step)
+                writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+                writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+                writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+                writer.add_scalar("losses/explained_variance", explained_var, global_step)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("perf/env_seconds", env_time, global_step)
+                writer.add_scalar("perf/inference_seconds", inference_time, global_step)
+                writer.add_scalar("perf/update_seconds", update_time, global_step)
+                writer.add_scalar("charts/worker_restarts", envs.restarts, global_step)
+                if time.time() - last_print > 2 or iteration == num_iterations:
+                    last_print = time.time()
+                    mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+                    eta = (args.total_timesteps - global_step) / max(sps, 1)
+                    print(
+                        f"global_step={global_step}/{args.total_timesteps} SPS={sps} "
+                        f"episodic_return={mean_return} (last {len(recent_returns)}) ETA={eta:.0f}s "
+                        f"[rank 0: env {env_time:.2f}s, inference {inference_time:.2f}s, update {update_time:.2f}s]",
+                        flush=True,
+                    )
+
+        except KeyboardInterrupt:
+            if is_main:
+                name = signal.Signals(received[0]).name if received else "KeyboardInterrupt"
+                print(f"stopped by {name} at global_step={global_step}", file=sys.stderr, flush=True)
+            if is_main and all(torch.isfinite(p).all() for p in agent.parameters()):
+                # No collective calls here: other ranks may be gone. Rank 0's weights are everyone's weights.
+                state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": None}
+                done = iteration - 1  # the iteration under way is dropped; the next run redoes it
+                state |= {"iteration": done, "global_step": done * batch_size, "args": asdict(args)}
+                save_checkpoint(f"runs/{run_name}/checkpoint.pt", state)
+                print(f"checkpoint saved to runs/{run_name}/checkpoint.pt (resume with --resume)", file=sys.stderr)
+                if args.save_model:
+                    torch.save(
+                        {"model": agent.state_dict(), "args": asdict(args)},
+                        f"runs/{run_name}/{args.exp_name}.cleanrl_model",
+                    )
+            return 128 + received[0] if received else 130
 
         checksums = all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()), distributed)
         if is_main:
@@ -567,4 +629,7 @@ if __name__ == "__main__":
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"ppo_atari_multigpu.py: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    main(args)
+    try:
+        sys.exit(main(args))
+    except FloatingPointError as exc:
+        sys.exit(f"ppo_atari_multigpu.py: error: {exc}")

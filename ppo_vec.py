@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import os
 import random
+import signal
 import sys
 import time
 from collections import deque
@@ -103,6 +104,10 @@ class Args:
     # Vector env
     envs_per_worker: int | None = None
     """envs stepped by each worker process (default: spread the envs over the CPU cores)"""
+    max_restarts: int = 0
+    """times a crashed, raising or stuck env worker may be replaced (its envs' episodes end as truncated)"""
+    step_timeout: float | None = None
+    """seconds an env step may take before its worker counts as stuck (default: no limit)"""
     num_threads: int = 1
     """torch CPU threads; the 64-unit MLP gains nothing from more, and the env workers need the cores"""
 
@@ -219,6 +224,13 @@ def check_args(args: Args) -> None:
         ("target-kl", args.target_kl, args.target_kl is None or args.target_kl > 0, "> 0 (or unset)"),
         ("eval-episodes", args.eval_episodes, args.eval_episodes >= 0, ">= 0"),
         ("envs-per-worker", args.envs_per_worker, args.envs_per_worker is None or args.envs_per_worker >= 1, ">= 1"),
+        ("max-restarts", args.max_restarts, args.max_restarts >= 0, ">= 0"),
+        (
+            "step-timeout",
+            args.step_timeout,
+            args.step_timeout is None or args.step_timeout > 0,
+            "> 0 seconds (or unset)",
+        ),
     ]:
         if not ok:
             raise ValueError(f"--{name} must be {allowed}, got {value}")
@@ -303,7 +315,8 @@ def evaluate(model_path: str, eval_episodes: int, run_name: str, device, capture
     return returns
 
 
-def main(args: Args) -> None:
+def main(args: Args) -> int | None:
+    """Trains (or evaluates); returns the exit status 128 + signal number when stopped by SIGINT or SIGTERM."""
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -337,9 +350,22 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
+    # Ctrl-C and SIGTERM (schedulers, `kill`) stop training the same way: save what there is, close, exit.
+    received = []
+
+    def stop(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
     envs = SubprocVecEnv(
         [make_env(args.env_id, i, args.capture_video, run_name, args.gamma) for i in range(args.num_envs)],
         envs_per_worker=args.envs_per_worker,
+        max_restarts=args.max_restarts,
+        step_timeout=args.step_timeout,
     )
     try:
         obs_dim = int(np.prod(envs.single_observation_space.shape))
@@ -362,152 +388,180 @@ def main(args: Args) -> None:
         next_obs, _ = envs.reset(seed=args.seed)
         next_obs = torch.as_tensor(next_obs, device=device).float().reshape(args.num_envs, obs_dim)
 
-        for iteration in range(1, num_iterations + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            env_time, rollout_start = 0.0, time.perf_counter()
+        try:
+            for iteration in range(1, num_iterations + 1):
+                if args.anneal_lr:
+                    frac = 1.0 - (iteration - 1.0) / num_iterations
+                    optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                env_time, rollout_start = 0.0, time.perf_counter()
 
-            # ROLLOUT
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                with torch.inference_mode():
-                    obs[step] = next_obs
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                    values[step] = value.flatten()
-                    actions[step] = action
-                    logprobs[step] = logprob
-                    env_actions = action.cpu().numpy()
-                env_start = time.perf_counter()
-                next_obs_np, reward, terminations, truncations, infos = envs.step(env_actions)
-                env_time += time.perf_counter() - env_start
-                # from_numpy shares memory; the buffer write converts the dtype (and copies to the device)
-                rewards[step] = torch.from_numpy(reward).to(device)
-                ends[step] = torch.from_numpy(terminations | truncations).to(device)
-                next_obs = torch.from_numpy(next_obs_np).to(device).float().reshape(args.num_envs, obs_dim)
-
-                # A time-limit cut still has a future: bootstrap it from the observation the env ended on.
-                cut = np.flatnonzero(truncations & ~terminations)
-                if cut.size:
-                    final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), device=device).float()
+                # ROLLOUT
+                for step in range(args.num_steps):
+                    global_step += args.num_envs
                     with torch.inference_mode():
-                        final_values = agent.get_value(final_obs.reshape(cut.size, obs_dim)).flatten()
-                    rewards[step, cut] += args.gamma * final_values
-
-                if "final_info" in infos and "episode" in infos["final_info"]:
-                    episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                    for i in np.flatnonzero(mask):
-                        recent_returns.append(float(episode["r"][i]))
-                        writer.add_scalar("charts/episodic_return", episode["r"][i], global_step)
-                        writer.add_scalar("charts/episodic_length", episode["l"][i], global_step)
-
-            # GAE
-            update_start = time.perf_counter()
-            inference_time = update_start - rollout_start - env_time  # policy forward passes and bookkeeping
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs).flatten()
-                advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
-                returns = advantages + values
-
-            # UPDATE
-            b_obs = obs.reshape((-1, obs_dim))
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape((-1,) + action_shape)
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
-
-            b_inds = np.arange(batch_size)
-            sums = np.zeros(6)  # pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac: averaged over the update
-            num_updates = 0
-            for _ in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for start in range(0, batch_size, minibatch_size):
-                    mb_inds = b_inds[start : start + minibatch_size]
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    newvalue = newvalue.view(-1)
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                        obs[step] = next_obs
+                        action, logprob, _, value = agent.get_action_and_value(next_obs)
+                        values[step] = value.flatten()
+                        actions[step] = action
+                        logprobs[step] = logprob
+                        env_actions = action.cpu().numpy()
+                    env_start = time.perf_counter()
+                    next_obs_np, reward, terminations, truncations, infos = envs.step(env_actions)
+                    env_time += time.perf_counter() - env_start
+                    finite = np.isfinite(next_obs_np.reshape(args.num_envs, -1)).all(1) & np.isfinite(reward)
+                    if not finite.all():
+                        raise FloatingPointError(
+                            f"iteration {iteration} (global_step {global_step}): envs "
+                            f"{np.flatnonzero(~finite).tolist()} returned NaN/Inf observations or rewards, so nothing "
+                            "was saved"
                         )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+                    # from_numpy shares memory; the buffer write converts the dtype (and copies to the device)
+                    rewards[step] = torch.from_numpy(reward).to(device)
+                    ends[step] = torch.from_numpy(terminations | truncations).to(device)
+                    next_obs = torch.from_numpy(next_obs_np).to(device).float().reshape(args.num_envs, obs_dim)
 
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                    # A time-limit cut still has a future: bootstrap it from the observation the env ended on.
+                    cut = np.flatnonzero(truncations & ~terminations)
+                    if cut.size:
+                        final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), device=device).float()
+                        with torch.inference_mode():
+                            final_values = agent.get_value(final_obs.reshape(cut.size, obs_dim)).flatten()
+                        rewards[step, cut] += args.gamma * final_values
 
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-                    sums += torch.stack([s.detach() for s in stats]).cpu().numpy()
-                    num_updates += 1
+                    if "final_info" in infos and "episode" in infos["final_info"]:
+                        episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
+                        for i in np.flatnonzero(mask):
+                            recent_returns.append(float(episode["r"][i]))
+                            writer.add_scalar("charts/episodic_return", episode["r"][i], global_step)
+                            writer.add_scalar("charts/episodic_length", episode["l"][i], global_step)
 
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
-            update_time = time.perf_counter() - update_start
+                # GAE
+                update_start = time.perf_counter()
+                inference_time = update_start - rollout_start - env_time  # policy forward passes and bookkeeping
+                with torch.no_grad():
+                    next_value = agent.get_value(next_obs).flatten()
+                    advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
+                    returns = advantages + values
 
-            # LOGGING
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-            pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = sums / num_updates
-            sps = int(global_step / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("perf/env_seconds", env_time, global_step)
-            writer.add_scalar("perf/inference_seconds", inference_time, global_step)
-            writer.add_scalar("perf/update_seconds", update_time, global_step)
-            if time.time() - last_print > 2 or iteration == num_iterations:
-                last_print = time.time()
-                mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                eta = (args.total_timesteps - global_step) / max(sps, 1)
-                print(
-                    f"global_step={global_step}/{args.total_timesteps} SPS={sps} "
-                    f"episodic_return={mean_return} (last {len(recent_returns)}) ETA={eta:.0f}s "
-                    f"[iteration: env {env_time:.2f}s, inference {inference_time:.2f}s, update {update_time:.2f}s]",
-                    flush=True,
-                )
+                # UPDATE
+                b_obs = obs.reshape((-1, obs_dim))
+                b_logprobs = logprobs.reshape(-1)
+                b_actions = actions.reshape((-1,) + action_shape)
+                b_advantages = advantages.reshape(-1)
+                b_returns = returns.reshape(-1)
+                b_values = values.reshape(-1)
+
+                b_inds = np.arange(batch_size)
+                sums = np.zeros(
+                    6
+                )  # pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac: averaged over the update
+                num_updates = 0
+                for _ in range(args.update_epochs):
+                    np.random.shuffle(b_inds)
+                    for start in range(0, batch_size, minibatch_size):
+                        mb_inds = b_inds[start : start + minibatch_size]
+                        _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                            b_obs[mb_inds], b_actions[mb_inds]
+                        )
+                        logratio = newlogprob - b_logprobs[mb_inds]
+                        ratio = logratio.exp()
+
+                        with torch.no_grad():
+                            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                            old_approx_kl = (-logratio).mean()
+                            approx_kl = ((ratio - 1) - logratio).mean()
+                            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+                        mb_advantages = b_advantages[mb_inds]
+                        if args.norm_adv:
+                            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                        # Policy loss
+                        pg_loss1 = -mb_advantages * ratio
+                        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                        # Value loss
+                        newvalue = newvalue.view(-1)
+                        if args.clip_vloss:
+                            v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                            v_clipped = b_values[mb_inds] + torch.clamp(
+                                newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                            )
+                            v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                        else:
+                            v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                        entropy_loss = entropy.mean()
+                        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                        optimizer.zero_grad()
+                        loss.backward()
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                        optimizer.step()
+                        stats = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
+                        sums += torch.stack([s.detach() for s in stats]).cpu().numpy()
+                        num_updates += 1
+
+                    if args.target_kl is not None and approx_kl > args.target_kl:
+                        break
+                update_time = time.perf_counter() - update_start
+                if not (np.isfinite(sums).all() and all(torch.isfinite(p).all() for p in agent.parameters())):
+                    raise FloatingPointError(
+                        f"iteration {iteration} (global_step {global_step}): the loss or the parameters became "
+                        f"NaN/Inf, so nothing was saved; look for NaN/Inf in observations or rewards, or lower "
+                        f"--learning-rate (now {args.learning_rate})"
+                    )
+
+                # LOGGING
+                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+                var_y = np.var(y_true)
+                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = sums / num_updates
+                sps = int(global_step / (time.time() - start_time))
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("losses/value_loss", v_loss, global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+                writer.add_scalar("losses/entropy", entropy_loss, global_step)
+                writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+                writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+                writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+                writer.add_scalar("losses/explained_variance", explained_var, global_step)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("perf/env_seconds", env_time, global_step)
+                writer.add_scalar("perf/inference_seconds", inference_time, global_step)
+                writer.add_scalar("perf/update_seconds", update_time, global_step)
+                writer.add_scalar("charts/worker_restarts", envs.restarts, global_step)
+                if time.time() - last_print > 2 or iteration == num_iterations:
+                    last_print = time.time()
+                    mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+                    eta = (args.total_timesteps - global_step) / max(sps, 1)
+                    print(
+                        f"global_step={global_step}/{args.total_timesteps} SPS={sps} "
+                        f"episodic_return={mean_return} (last {len(recent_returns)}) ETA={eta:.0f}s "
+                        f"[iteration: env {env_time:.2f}s, inference {inference_time:.2f}s, update {update_time:.2f}s]",
+                        flush=True,
+                    )
+
+        except KeyboardInterrupt:
+            name = signal.Signals(received[0]).name if received else "KeyboardInterrupt"
+            print(f"stopped by {name} at global_step={global_step}; shutting down", file=sys.stderr, flush=True)
 
         if args.save_model:
             model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
             obs_rms = None
             if agent.continuous:
+                if received:
+                    try:
+                        envs.step_wait()  # an interrupted step may still be in flight
+                    except gym.error.NoAsyncCallError:
+                        pass
                 merged = merge_obs_rms(envs.get_attr("obs_rms"))
                 obs_rms = {"mean": torch.as_tensor(merged.mean), "var": torch.as_tensor(merged.var)}
             torch.save({"model": agent.state_dict(), "args": asdict(args), "obs_rms": obs_rms}, model_path)
             print(f"model saved to {model_path}")
-            if args.eval_episodes:
+            if args.eval_episodes and not received:
                 episodic_returns = evaluate(model_path, args.eval_episodes, run_name, device)
                 for idx, episodic_return in enumerate(episodic_returns):
                     writer.add_scalar("eval/episodic_return", episodic_return, idx)
@@ -515,6 +569,7 @@ def main(args: Args) -> None:
     finally:
         envs.close()
         writer.close()
+    return 128 + received[0] if received else None
 
 
 if __name__ == "__main__":
@@ -523,4 +578,7 @@ if __name__ == "__main__":
         check_args(args)
     except ValueError as exc:
         sys.exit(f"ppo_vec.py: error: {exc}")
-    main(args)
+    try:
+        sys.exit(main(args))
+    except FloatingPointError as exc:
+        sys.exit(f"ppo_vec.py: error: {exc}")

@@ -112,8 +112,10 @@ class FaultyEnv(CounterEnv):
         self.fault, self.at = fault, at
 
     def _maybe_fail(self):
-        if self.fault is None or self.t != self.at:
-            return
+        if self.fault is not None and self.t == self.at:
+            self._fail()
+
+    def _fail(self):
         if self.fault == "raise":
             raise ValueError(f"boom at step {self.t}")
         if self.fault == "odd":
@@ -161,3 +163,44 @@ class ConstantRewardEnv(gym.Env):
 
 # Registered on import: `--env-id tests.envs:ConstantReward-v0` imports this module in the trainer and every worker.
 gym.register("ConstantReward-v0", entry_point=ConstantRewardEnv, max_episode_steps=5)
+
+
+class ScriptedFaultEnv(gym.Env):
+    """CartPole-sized env for end-to-end fault tests, steered by environment variables (they reach every worker):
+
+    PPO_VEC_TEST_PIDS: a folder where each env records the pid of the process it lives in;
+    PPO_VEC_TEST_FAULT: "KIND:STEP:MARKER" - at its STEP-th step, the first env to get there (it creates the file
+    MARKER) fails: KIND is raise, sigkill, hang or nan (observations turn NaN from then on, in every env).
+    """
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        if os.environ.get("PPO_VEC_TEST_PIDS"):
+            open(os.path.join(os.environ["PPO_VEC_TEST_PIDS"], str(os.getpid())), "w").close()
+        kind, step, self.marker = (os.environ.get("PPO_VEC_TEST_FAULT") or "none:0:").split(":", 2)
+        self.kind, self.fault_step, self.steps = kind, int(step), 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.np_random.normal(size=4).astype(np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        obs = self.np_random.normal(size=4).astype(np.float32)
+        if self.kind == "nan" and self.steps >= self.fault_step:
+            obs[:] = np.nan
+        elif self.kind != "none" and self.steps == self.fault_step and self._first_to_fail():
+            FaultyEnv(self.kind, 0)._fail()
+        return obs, float(action), bool(self.np_random.random() < 0.05), False, {}
+
+    def _first_to_fail(self) -> bool:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))  # atomic: exactly one env across workers wins
+            return True
+        except FileExistsError:
+            return False
+
+
+gym.register("ScriptedFault-v0", entry_point=ScriptedFaultEnv, max_episode_steps=200)

@@ -1,0 +1,159 @@
+"""Injected faults end to end: crashed, raising and stuck envs, signals, NaNs, broken checkpoints, dead ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.helpers import REPO, alive, descendants, only_run_dir, read_scalars, run_script
+from tests.test_ppo_atari_multigpu import SCRIPT as ATARI_SCRIPT
+from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
+from tests.test_ppo_vec import SCRIPT, TINY
+
+FAULT_ENV = ["--env-id", "tests.envs:ScriptedFault-v0"]
+
+
+def fault_env(tmp_path, fault: str | None = None) -> dict:
+    pids = tmp_path / "pids"
+    pids.mkdir(exist_ok=True)
+    env = {"PYTHONPATH": str(REPO), "PPO_VEC_TEST_PIDS": str(pids)}
+    if fault:
+        env["PPO_VEC_TEST_FAULT"] = f"{fault}:{tmp_path / 'fault-marker'}"
+    return env
+
+
+def assert_workers_gone(tmp_path, within: float = 5.0) -> None:
+    pids = [int(p.name) for p in (tmp_path / "pids").iterdir()]
+    assert pids, "no env recorded its worker"
+    deadline = time.monotonic() + within
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if alive(pid)], "worker processes outlived the trainer"
+
+
+@pytest.mark.parametrize("fault", ["sigkill:30", "raise:30", "hang:30"])
+def test_crash_without_restarts_stops_with_the_worker_error(tmp_path, fault):
+    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--step-timeout", "2"]
+    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
+    assert out.returncode != 0
+    expected = {
+        "sigkill": "was killed by SIGKILL",
+        "raise": "raised ValueError",
+        "hang": "did not answer 'step' within 2",
+    }
+    assert expected[fault.split(":")[0]] in out.stderr
+    assert_workers_gone(tmp_path)
+
+
+@pytest.mark.parametrize("fault", ["sigkill:30", "raise:30", "hang:30"])
+def test_crash_with_restarts_finishes_training(tmp_path, fault):
+    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--step-timeout", "2", "--max-restarts", "1"]
+    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
+    assert out.returncode == 0, out.stderr
+    assert "restarting worker" in out.stderr and "global_step=2048/2048" in out.stdout
+    assert read_scalars(only_run_dir(tmp_path))["charts/worker_restarts"][-1][1] == 1
+    assert_workers_gone(tmp_path)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_saves_and_cleans_up(tmp_path, sig):
+    args = [*FAULT_ENV, *TINY, "--total-timesteps", "10000000", "--save-model"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout.readline().startswith("global_step=")  # training is under way
+    family = descendants(proc.pid)
+    start = time.monotonic()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 10, "took too long to stop"
+    assert proc.returncode == 128 + sig, stderr
+    assert f"stopped by {sig.name}" in stderr
+    run_dir = only_run_dir(tmp_path)
+    assert (run_dir / "ppo_vec.cleanrl_model").exists()
+    assert "losses/value_loss" in read_scalars(run_dir)  # the events were flushed
+    assert not [pid for pid in family if alive(pid)]
+    assert_workers_gone(tmp_path)
+
+
+def test_nan_stops_with_the_iteration_named_and_saves_nothing(tmp_path):
+    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--save-model"]
+    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, "nan:70"))
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ppo_vec.py: error: iteration ") and "returned NaN/Inf observations" in last
+    assert not list(only_run_dir(tmp_path).glob("*.cleanrl_model"))
+    assert_workers_gone(tmp_path)
+
+
+def test_truncated_checkpoint_is_refused_clearly(tmp_path):
+    out = run_script(ATARI_SCRIPT, [*ATARI_TINY, "--total-timesteps", "32", "--checkpoint-interval", "1"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    checkpoint = only_run_dir(tmp_path) / "checkpoint.pt"
+    torch.load(checkpoint, weights_only=True)  # a good one first
+    checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+    out = run_script(ATARI_SCRIPT, [*ATARI_TINY, "--total-timesteps", "64", "--resume", checkpoint], tmp_path)
+    assert out.returncode != 0
+    assert f"--resume {checkpoint}: not a readable checkpoint" in out.stderr and "Traceback" not in out.stderr
+
+
+def start_torchrun(tmp_path, extra=()):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI_SCRIPT)]
+    cmd += [*ATARI_TINY, "--total-timesteps", "10000000", *extra]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("global_step="):  # rank 0 trains; so does rank 1, in lockstep
+            return proc
+    raise AssertionError(f"torchrun never started training: {proc.communicate()}")
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    for pid in descendants(launcher):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            if b"ppo_atari_multigpu.py" in cmdline:
+                return pid
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def test_sigint_to_a_two_rank_job_saves_and_leaves_nothing(tmp_path):
+    proc = start_torchrun(tmp_path)
+    family = descendants(proc.pid)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 30, "the job took too long to stop"
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM" in stderr or "stopped by SIGINT" in stderr, stderr[-3000:]
+    checkpoint = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
+    assert checkpoint["rng"] is None and checkpoint["iteration"] >= 0
+    deadline = time.monotonic() + 5
+    while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in family if alive(pid)]
+
+
+def test_a_dead_rank_ends_the_whole_job(tmp_path):
+    proc = start_torchrun(tmp_path)
+    family = descendants(proc.pid)
+    start = time.monotonic()
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert time.monotonic() - start < 60, "the job took too long to notice"
+    assert proc.returncode != 0
+    assert "exitcode  : -9" in stderr or "Signal 9" in stderr or "SIGKILL" in stderr, stderr[-3000:]
+    deadline = time.monotonic() + 5
+    while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in family if alive(pid)]

@@ -23,28 +23,16 @@ import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
-from ppo_vec import compute_gae, layer_init  # noqa: E402
+import ppo_atari_multigpu  # noqa: E402
+import ppo_vec  # noqa: E402
 
 
 def make_classic_env(env_id):
     return lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
 
 
-class MLPAgent(nn.Module):
-    def __init__(self, obs_dim, n):
-        super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
-        )
-        self.critic.append(layer_init(nn.Linear(64, 1), std=1.0))
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
-        )
-        self.actor.append(layer_init(nn.Linear(64, n), std=0.01))
-
-    def get_value(self, x):
-        return self.critic(x)
+class MLPAgent(ppo_vec.Agent):
+    """ppo_vec.py's network, sampling as CleanRL does: a Categorical with its argument checks on."""
 
     def get_action_and_value(self, x, action=None):
         probs = Categorical(logits=self.actor(x))
@@ -53,25 +41,8 @@ class MLPAgent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-class CNNAgent(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512)),
-            nn.ReLU(),
-        )
-        self.actor = layer_init(nn.Linear(512, n), std=0.01)
-        self.critic = layer_init(nn.Linear(512, 1), std=1)
-
-    def get_value(self, x):
-        return self.critic(self.network(x / 255.0))
+class CNNAgent(ppo_atari_multigpu.Agent):
+    """ppo_atari_multigpu.py's Nature CNN, sampling as CleanRL does."""
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
@@ -92,12 +63,13 @@ def main():
     clip_coef, num_minibatches, update_epochs, gamma, gae_lambda = (0.1 if atari else 0.2), 4, 4, 0.99, 0.95
     torch.manual_seed(1)
     env_fns = [
-        make_atari_env(args.env_id, i, False, "") if atari else make_classic_env(args.env_id)
+        ppo_atari_multigpu.make_env(args.env_id, i, False, "") if atari else make_classic_env(args.env_id)
         for i in range(args.num_envs)
     ]
     envs = gym.vector.SyncVectorEnv(env_fns)
     n = envs.single_action_space.n
-    agent = CNNAgent(n) if atari else MLPAgent(int(np.prod(envs.single_observation_space.shape)), n)
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    agent = CNNAgent(n) if atari else MLPAgent(obs_dim, envs.single_action_space)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
     shape = (args.num_steps, args.num_envs)
     obs = torch.zeros(shape + envs.single_observation_space.shape)
@@ -129,7 +101,7 @@ def main():
             next_value = agent.get_value(next_obs).reshape(1, -1)
             # CleanRL's done convention (dones[t]: obs[t] starts an episode) mapped onto compute_gae's ends[t].
             ends = torch.cat([dones[1:], next_done[None]])
-            advantages = compute_gae(rewards, values, ends, next_value.flatten(), gamma, gae_lambda)
+            advantages = ppo_vec.compute_gae(rewards, values, ends, next_value.flatten(), gamma, gae_lambda)
             returns = advantages + values
         b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
         b_logprobs, b_actions = logprobs.reshape(-1), actions.reshape(-1)

@@ -12,9 +12,6 @@ run's TensorBoard `perf/` scalars. Writes benchmarks/results/train_speed.md and 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import subprocess
 import sys
@@ -24,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import MACHINE, RESULTS, save  # noqa: E402
 from tests.helpers import read_scalars  # noqa: E402
 
 
@@ -93,9 +90,7 @@ def main() -> None:
 
 
 def write_report(samples, args) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    machine = f"{platform.processor() or platform.machine()}, {cores} cores, Python {platform.python_version()}"
+    machine = MACHINE
     lines = [
         f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
         f"(a CleanRL-style loop over SyncVectorEnv). Machine: {machine}. Command: `python benchmarks/train_speed.py`.",
@@ -115,15 +110,8 @@ def write_report(samples, args) -> None:
     one, eight = summary.get("CartPole-v1, 1 envs"), summary.get("CartPole-v1, 8 envs")
     if one and eight:
         lines += ["", f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x."]
-    (RESULTS / "train_speed.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "train_speed.json").write_text(json.dumps({"machine": machine, "summary": summary}, indent=1))
-    print("\n".join(lines))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = save("train_speed", lines, {"summary": summary})
+    if plt is None:
         return
     points = sorted(
         (int(label.split(", ")[1].split()[0]), v) for label, v in summary.items() if label.startswith("CartPole")

@@ -15,9 +15,6 @@ a JSON file and a PNG plot into benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,11 +25,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import CORES, MACHINE, RESULTS, save  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results"
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class Runner:
@@ -177,8 +172,7 @@ def main() -> None:
 
 
 def write_report(results, rss, args) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.processor() or platform.machine()}, {CORES} cores, Python {platform.python_version()}"
+    machine = MACHINE
     backends = list(dict.fromkeys(r["backend"] for r in results))
     lines = [
         f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), and the ratio",
@@ -194,16 +188,8 @@ def write_report(results, rss, args) -> None:
         cells = [f"{row[b]['median'] / 1000:.1f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends]
         lines.append(f"| {env_name} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "Peak RSS per SubprocVecEnv worker (MiB): " + "; ".join(f"{k}: {max(v):.0f}" for k, v in rss.items())]
-    (RESULTS / "vecenv_throughput.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "vecenv_throughput.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))
-    print("\n".join(lines))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e '.[bench]')")
+    plt = save("vecenv_throughput", lines, {"results": results})
+    if plt is None:
         return
     envs = list(dict.fromkeys(r["env"] for r in results))
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)

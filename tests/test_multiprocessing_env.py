@@ -212,6 +212,15 @@ def no_orphans():
     assert descendants() - before == set()
 
 
+def faulty(n: int, index: int, fault: str, at: int, **kwargs) -> SubprocVecEnv:
+    """`n` FaultyEnvs where env `index` fails with `fault` at step `at`; already reset with seed 0."""
+    env_fns = [FaultyEnv] * n
+    env_fns[index] = functools.partial(FaultyEnv, fault, at)
+    envs = SubprocVecEnv(env_fns, **kwargs)
+    envs.reset(seed=0)
+    return envs
+
+
 def timed(fn):
     start = time.monotonic()
     try:
@@ -238,10 +247,7 @@ def test_factory_error_names_env_and_traceback(index, no_orphans):
 )
 @pytest.mark.parametrize("context", ["forkserver", "fork"])
 def test_step_exception_reaches_caller(fault, expected, context, no_orphans):
-    env_fns = [FaultyEnv] * 4
-    env_fns[1] = functools.partial(FaultyEnv, fault, 3)
-    envs = SubprocVecEnv(env_fns, envs_per_worker=2, context=context)
-    envs.reset(seed=0)
+    envs = faulty(4, 1, fault, 3, envs_per_worker=2, context=context)
     envs.step(np.zeros(4, np.int64))
     envs.step(np.zeros(4, np.int64))
     with pytest.raises(WorkerError, match=re.escape(f"env 1 raised {expected}")) as info:
@@ -265,10 +271,7 @@ def test_reset_and_call_exceptions(no_orphans):
 @pytest.mark.parametrize(("fault", "signal_name"), [("sigkill", "SIGKILL"), ("abort", "SIGABRT"), ("exit", "code 3")])
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_dying_worker_is_detected_fast(fault, signal_name, context, no_orphans):
-    env_fns = [FaultyEnv] * 5
-    env_fns[4] = functools.partial(FaultyEnv, fault, 2)
-    envs = SubprocVecEnv(env_fns, envs_per_worker=2, context=context)
-    envs.reset(seed=0)
+    envs = faulty(5, 4, fault, 2, envs_per_worker=2, context=context)
     envs.step(np.zeros(5, np.int64))
     with pytest.raises(WorkerError) as info:
         timed(lambda: envs.step(np.zeros(5, np.int64)))
@@ -363,10 +366,7 @@ def test_workers_exit_when_the_parent_is_killed():
 # ---------------------------------------------------------------------------------------------------- restarts
 @pytest.mark.parametrize("fault", ["raise", "sigkill", "abort"])
 def test_crashed_worker_is_restarted_within_budget(fault, no_orphans):
-    env_fns = [FaultyEnv] * 4
-    env_fns[3] = functools.partial(FaultyEnv, fault, 3)
-    envs = SubprocVecEnv(env_fns, envs_per_worker=2, max_restarts=1)
-    envs.reset(seed=0)
+    envs = faulty(4, 3, fault, 3, envs_per_worker=2, max_restarts=1)
     for _ in range(2):
         last_obs, *_ = envs.step(np.zeros(4, np.int64))
     old_pid = envs.worker_pids[1]

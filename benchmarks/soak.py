@@ -23,6 +23,9 @@ import gymnasium as gym
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.helpers import descendants, only_run_dir, read_scalars  # noqa: E402
 
 
 class CrashingCartPole(gym.Wrapper):
@@ -43,9 +46,6 @@ gym.register("CrashingCartPole-v1", entry_point=CrashingCartPole, max_episode_st
 
 
 def tree_rss_mb(root: int) -> float:
-    sys.path.insert(0, str(REPO))
-    from tests.helpers import descendants
-
     total = 0.0
     for pid in {root} | descendants(root):
         try:
@@ -58,8 +58,6 @@ def tree_rss_mb(root: int) -> float:
 
 
 def run(env_id: str, args, extra: list[str]) -> dict:
-    from tests.helpers import only_run_dir, read_scalars
-
     with tempfile.TemporaryDirectory() as cwd:
         cmd = [sys.executable, str(REPO / "ppo_vec.py"), "--env-id", env_id, "--seed", str(args.seed)]
         cmd += ["--total-timesteps", str(args.total_timesteps), *extra]

@@ -55,15 +55,14 @@ def builders(env_name: str, n: int) -> dict:
             "gym Async", gym.vector.AsyncVectorEnv(env_fns, shared_memory=True, autoreset_mode=same_step)
         ),
     }
-    layouts = {
-        f"ours {-(-n // min(n, CORES))}/worker": -(-n // min(n, CORES)),
-        f"ours {n}/worker": n,
-        "ours 1/worker": 1,
-    }
+    # Layouts named the same at every N: default (one worker per core), all envs in one worker, one env per worker.
+    default = -(-n // min(n, CORES))
+    layouts = {"ours (default)": None, "ours 1 worker": n, "ours 1 env/worker": 1}
+    seen = set()
     for label, per_worker in layouts.items():
-        found.setdefault(
-            label, lambda k=per_worker, lb=label: gym_runner(lb, SubprocVecEnv(env_fns, envs_per_worker=k))
-        )
+        if (per_worker or default) not in seen:
+            seen.add(per_worker or default)
+            found[label] = lambda k=per_worker, lb=label: gym_runner(lb, SubprocVecEnv(env_fns, envs_per_worker=k))
     found["ours no-shm"] = lambda: gym_runner("ours no-shm", SubprocVecEnv(env_fns, shared_memory=False))
     try:
         from stable_baselines3.common.vec_env import SubprocVecEnv as SB3SubprocVecEnv
@@ -178,7 +177,8 @@ def write_report(results, rss, args) -> None:
         f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), and the ratio",
         f"to gymnasium's SyncVectorEnv at the same N. Machine: {machine}.",
         "Command: `python benchmarks/vecenv_throughput.py`.",
-        "`ours K/worker`: SubprocVecEnv with K envs per worker process.",
+        "ours (default): one worker per core; 1 worker: all envs in one worker process; 1 env/worker: a process each;",
+        "no-shm: default layout with observations pickled over the pipe. '-': the layout equals the default there.",
         "",
         "| env | N | " + " | ".join(backends) + " |",
         "|---|---|" + "---|" * len(backends),
@@ -193,12 +193,13 @@ def write_report(results, rss, args) -> None:
         return
     envs = list(dict.fromkeys(r["env"] for r in results))
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
+    colors = dict(zip(backends, plt.get_cmap("tab10" if len(backends) <= 10 else "tab20").colors, strict=False))
     for ax, env_name in zip(axes[0], envs, strict=True):
         for backend in backends:
             points = sorted((r["n"], r["median"]) for r in results if r["env"] == env_name and r["backend"] == backend)
             if points:
                 style = "-o" if backend.startswith("ours") else "--s"
-                ax.plot(*zip(*points, strict=True), style, label=backend)
+                ax.plot(*zip(*points, strict=True), style, label=backend, color=colors[backend])
         ax.set(title=env_name, xlabel="number of envs N", ylabel="env steps/s", xscale="log", yscale="log")
         ax.set_xticks(sorted({r["n"] for r in results}), labels=[str(n) for n in sorted({r["n"] for r in results})])
         ax.grid(alpha=0.3)

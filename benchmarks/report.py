@@ -18,6 +18,11 @@ def save(stem: str, lines: list[str], data: dict):
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"machine": MACHINE, **data}, indent=1))
     print("\n".join(lines))
+    return pyplot()
+
+
+def pyplot():
+    """matplotlib.pyplot drawing to files, or None (with a hint) when matplotlib is not installed."""
     try:
         import matplotlib
 

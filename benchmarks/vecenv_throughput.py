@@ -15,6 +15,7 @@ a JSON file and a PNG plot into benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.report import CORES, MACHINE, RESULTS, save  # noqa: E402
+from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
 
@@ -134,7 +135,14 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="minimum length of one measurement")
     parser.add_argument("--quick", action="store_true", help="N=8 only, 2 repetitions")
+    parser.add_argument("--replot", action="store_true", help="redraw the PNG from the last JSON, measure nothing")
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads((RESULTS / "vecenv_throughput.json").read_text())
+        plt = pyplot()
+        if plt is not None:
+            plot(plt, saved["results"], saved["machine"])
+        return
     if args.quick:
         args.num_envs, args.repetitions = [8], 2
 
@@ -189,8 +197,12 @@ def write_report(results, rss, args) -> None:
         lines.append(f"| {env_name} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "Peak RSS per SubprocVecEnv worker (MiB): " + "; ".join(f"{k}: {max(v):.0f}" for k, v in rss.items())]
     plt = save("vecenv_throughput", lines, {"results": results})
-    if plt is None:
-        return
+    if plt is not None:
+        plot(plt, results, machine)
+
+
+def plot(plt, results, machine) -> None:
+    backends = list(dict.fromkeys(r["backend"] for r in results))
     envs = list(dict.fromkeys(r["env"] for r in results))
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
     colors = dict(zip(backends, plt.get_cmap("tab10" if len(backends) <= 10 else "tab20").colors, strict=False))
@@ -203,7 +215,7 @@ def write_report(results, rss, args) -> None:
         ax.set(title=env_name, xlabel="number of envs N", ylabel="env steps/s", xscale="log", yscale="log")
         ax.set_xticks(sorted({r["n"] for r in results}), labels=[str(n) for n in sorted({r["n"] for r in results})])
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(f"Vector env throughput, {machine}")
     fig.tight_layout()
     fig.savefig(RESULTS / "vecenv_throughput.png", dpi=110)

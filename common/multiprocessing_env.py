@@ -48,7 +48,7 @@ __all__ = ["SubprocVecEnv", "WorkerError"]
 
 # Wire protocol. Commands are one byte, optionally followed by a pickled argument.
 _STEP, _RESET, _CALL, _SET_ATTR, _ATTACH, _CLOSE = b"s", b"r", b"c", b"a", b"m", b"x"
-_COMMAND_NAMES = {_STEP: "step", _RESET: "reset", _CALL: "call", _SET_ATTR: "set_attr", _ATTACH: "attach"}
+_COMMAND_NAMES = {_STEP: "step", _RESET: "reset", _CALL: "call", _SET_ATTR: "set_attr"}
 # Replies are one status byte, optionally followed by a pickled payload.
 _OK, _PAYLOAD, _ERROR = b"\x00", b"\x01", b"\x02"
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -407,11 +407,15 @@ class SubprocVecEnv(VectorEnv):
             self._fd_owner[fd] = w
         self._pending[w] = "make"
 
-    def _forget(self, w: int) -> None:
-        """Stops watching worker `w` and makes sure it is gone."""
+    def _unwatch(self, w: int) -> None:
+        """Takes worker `w`'s socket and sentinel out of the poll set: its exit is known, not news."""
         for fd in (self._conns[w].fd, self._procs[w].sentinel):
             if self._fd_owner.pop(fd, None) is not None:
                 self._poller.unregister(fd)
+
+    def _forget(self, w: int) -> None:
+        """Stops watching worker `w` and makes sure it is gone."""
+        self._unwatch(w)
         self._conns[w].close()
         self._procs[w].kill()
         self._procs[w].join(2.0)
@@ -546,9 +550,7 @@ class SubprocVecEnv(VectorEnv):
                 payload = None if status == _OK else pickle.loads(memoryview(msg)[1:])
                 if status == _ERROR:
                     failures[w] = self._error(w, payload)
-                    for fd in (self._conns[w].fd, self._procs[w].sentinel):  # it exits now: its EOF is no news
-                        if self._fd_owner.pop(fd, None) is not None:
-                            self._poller.unregister(fd)
+                    self._unwatch(w)  # it exits after this reply
                 self._replies[w] = payload
         if failures and not (restart and self.restarts + len(failures) <= self.max_restarts):
             ordered = sorted(failures.items(), key=lambda item: item[1].env_indices)
@@ -573,9 +575,7 @@ class SubprocVecEnv(VectorEnv):
     def _death(self, w: int) -> WorkerError:
         proc, command = self._procs[w], self._pending.get(w, "?")
         proc.join(2.0)  # it closed its pipe: collect the exit code it is about to have
-        for fd in (self._conns[w].fd, proc.sentinel):
-            if self._fd_owner.pop(fd, None) is not None:
-                self._poller.unregister(fd)
+        self._unwatch(w)
         return WorkerError(
             f"worker {w} (pid {proc.pid}, envs {self._envs_of(w)}) {_describe_exit(proc.exitcode)} during "
             f"'{command}'; close() this SubprocVecEnv and build a new one",

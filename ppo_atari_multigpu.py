@@ -390,6 +390,12 @@ def main(args: Args) -> int | None:
         else:
             torch.manual_seed(args.seed + rank)  # action sampling and minibatch order differ across ranks
         ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None) if distributed else agent
+        checkpoint_path, model_path = f"runs/{run_name}/checkpoint.pt", f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+
+        def write_checkpoint(done: int, rng: list | None) -> None:
+            """Rank 0: the state after `done` iterations (rng None: written on interrupt, resumes not bit for bit)."""
+            state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "args": asdict(args)}
+            save_checkpoint(checkpoint_path, state | {"iteration": done, "global_step": done * batch_size})
 
         obs_shape = envs.single_observation_space.shape
         first_seed = env_seed(start_iteration - 1)
@@ -543,9 +549,7 @@ def main(args: Args) -> int | None:
                         (torch.get_rng_state(), torch.cuda.get_rng_state() if use_cuda else None), distributed
                     )
                     if is_main:
-                        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng}
-                        state |= {"iteration": iteration, "global_step": global_step, "args": asdict(args)}
-                        save_checkpoint(f"runs/{run_name}/checkpoint.pt", state)
+                        write_checkpoint(iteration, rng)
                     next_obs = torch.as_tensor(envs.reset(seed=env_seed(iteration))[0], device=device)
                 if not is_main:
                     continue
@@ -588,23 +592,16 @@ def main(args: Args) -> int | None:
                 print(f"stopped by {name} at global_step={global_step}", file=sys.stderr, flush=True)
             if is_main and all(torch.isfinite(p).all() for p in agent.parameters()):
                 # No collective calls here: other ranks may be gone. Rank 0's weights are everyone's weights.
-                state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "rng": None}
-                done = iteration - 1  # the iteration under way is dropped; the next run redoes it
-                state |= {"iteration": done, "global_step": done * batch_size, "args": asdict(args)}
-                save_checkpoint(f"runs/{run_name}/checkpoint.pt", state)
-                print(f"checkpoint saved to runs/{run_name}/checkpoint.pt (resume with --resume)", file=sys.stderr)
+                write_checkpoint(iteration - 1, None)  # the iteration under way is dropped; the next run redoes it
+                print(f"checkpoint saved to {checkpoint_path} (resume with --resume)", file=sys.stderr)
                 if args.save_model:
-                    torch.save(
-                        {"model": agent.state_dict(), "args": asdict(args)},
-                        f"runs/{run_name}/{args.exp_name}.cleanrl_model",
-                    )
+                    torch.save({"model": agent.state_dict(), "args": asdict(args)}, model_path)
             return 128 + received[0] if received else 130
 
         checksums = all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()), distributed)
         if is_main:
             print(f"final parameter checksum per rank: {checksums}")
             if args.save_model:
-                model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
                 torch.save({"model": agent.state_dict(), "args": asdict(args)}, model_path)
                 print(f"model saved to {model_path}")
                 if args.eval_episodes:

@@ -108,6 +108,8 @@ class Args:
     """times a crashed, raising or stuck env worker may be replaced (its envs' episodes end as truncated)"""
     step_timeout: float | None = None
     """seconds an env step may take before its worker counts as stuck (default: no limit)"""
+    numpy_rollout: bool = True
+    """sample rollout actions with a numpy copy of the actor (fast on CPU; --no-numpy-rollout: torch)"""
     num_threads: int = 1
     """torch CPU threads; the 64-unit MLP gains nothing from more, and the env workers need the cores"""
 
@@ -169,6 +171,15 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(x)
 
+    def get_action(self, x, greedy=False):
+        """Actions only: all a rollout step needs (its log-probs and values are computed after the rollout)."""
+        out = self.actor(x)
+        if greedy:
+            return out if self.continuous else out.argmax(dim=-1)
+        if self.continuous:
+            return Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False).sample()
+        return Categorical(logits=out, validate_args=False).sample()
+
     def get_action_and_value(self, x, action=None, greedy=False):
         out = self.actor(x)
         # validate_args=False: the checks cost more than the forward pass of this small net, every step
@@ -186,16 +197,61 @@ class Agent(nn.Module):
         return action, logprob, entropy, self.critic(x)
 
 
+class NumpyPolicy:
+    """Samples the agent's actions in numpy, for the rollout; same policy, same distribution as Agent.get_action.
+
+    A rollout step feeds num_envs observations through a 64-unit MLP. In torch that is almost all per-call
+    overhead (dispatch, autograd and dtype checks: ~10 us per layer even under inference_mode, and several times
+    more right after waiting for the envs, with cold caches); numpy does the same math for a fraction and made
+    ppo_vec.py ~1.6x faster on CartPole (benchmarks/train_speed.py). It reads the actor's weights once per
+    iteration (`sync`): views of the CPU parameters, or one copy from a GPU. It knows nn.Linear, nn.Tanh and
+    nn.ReLU; if you give the actor other layers, add them here or run with --no-numpy-rollout (torch sampling).
+    """
+
+    def __init__(self, agent: Agent, rng: np.random.Generator):
+        for layer in agent.actor:
+            if not isinstance(layer, (nn.Linear, nn.Tanh, nn.ReLU)):
+                raise TypeError(
+                    f"NumpyPolicy cannot run a {type(layer).__name__} layer: add it to NumpyPolicy, "
+                    "or pass --no-numpy-rollout"
+                )
+        self.agent, self.rng = agent, rng
+        self.sync()
+
+    def sync(self):
+        """Reads the actor's current weights (call after every update)."""
+
+        def array(tensor):
+            return tensor.detach().cpu().numpy()
+
+        self.layers = [(array(m.weight).T, array(m.bias)) if isinstance(m, nn.Linear) else m for m in self.agent.actor]
+        self.std = np.exp(array(self.agent.actor_logstd)) if self.agent.continuous else None
+
+    def act(self, x: np.ndarray) -> np.ndarray:
+        for layer in self.layers:
+            if isinstance(layer, tuple):
+                x = x @ layer[0] + layer[1]
+            elif isinstance(layer, nn.Tanh):
+                x = np.tanh(x)
+            else:
+                x = np.maximum(x, 0)
+        if self.agent.continuous:
+            return x + self.std * self.rng.standard_normal(x.shape)
+        # Gumbel-max: the argmax of logits plus Gumbel noise is an exact sample of the categorical distribution
+        return np.argmax(x - np.log(-np.log(self.rng.random(x.shape))), axis=-1)
+
+
 def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: float):
     """Generalized advantage estimates, backwards over a rollout. Returns advantages, shape (num_steps, num_envs).
 
-    rewards, values, ends: (num_steps, num_envs); next_value: (num_envs,), V of the observation after the last step.
-    ends[t] is 1.0 where step t ended its episode (terminated or truncated): the trace is cut there, and the
-    next row belongs to a new episode. Truncation is not termination: for a truncated step the caller has
+    rewards, values, ends: numpy arrays (num_steps, num_envs); next_value: (num_envs,), V of the observation after
+    the last step. ends[t] is 1.0 where step t ended its episode (terminated or truncated): the trace is cut there,
+    and the next row belongs to a new episode. Truncation is not termination: for a truncated step the caller has
     already folded `gamma * V(final_obs)` into rewards[t], so after the cut only a real termination has no future.
+    (numpy, not torch: this loop is 128 steps of tiny operations, where torch's per-call overhead dominates.)
     """
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
+    advantages = np.zeros_like(rewards)
+    lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
         nextvalues = next_value if t == rewards.shape[0] - 1 else values[t + 1]
         nextnonterminal = 1.0 - ends[t]
@@ -370,63 +426,67 @@ def main(args: Args) -> int | None:
     try:
         obs_dim = int(np.prod(envs.single_observation_space.shape))
         agent = Agent(obs_dim, envs.single_action_space).to(device)
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
 
-        # Rollout storage, allocated once
-        obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-        action_dtype = torch.float32 if agent.continuous else torch.int64
+        # Rollout storage, allocated once. The rollout works in numpy, as the envs do; the update reads it as
+        # torch tensors (shared memory on CPU, one copy per iteration to a GPU).
         action_shape = envs.single_action_space.shape
-        actions = torch.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_dtype, device=device)
-        logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-        rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-        ends = torch.zeros((args.num_steps, args.num_envs), device=device)
-        values = torch.zeros((args.num_steps, args.num_envs), device=device)
+        shape = (args.num_steps, args.num_envs)
+        obs = np.zeros(shape + (obs_dim,), dtype=np.float32)
+        actions = np.zeros(shape + action_shape, dtype=np.float32 if agent.continuous else np.int64)
+        rewards = np.zeros(shape, dtype=np.float32)
+        ends = np.zeros(shape, dtype=np.float32)  # 1.0: step t ended its episode (terminated or truncated)
+        final_obs = np.zeros(shape + (obs_dim,), dtype=np.float32)  # the last observation of a truncated episode
+        cut = np.zeros(shape, dtype=bool)  # step t was truncated, not terminated: its future still has value
+        if args.numpy_rollout:
+            policy = NumpyPolicy(agent, np.random.default_rng(args.seed))
+            act = policy.act
+        else:
+
+            def act(x):
+                with torch.inference_mode():
+                    return agent.get_action(torch.from_numpy(x).to(device)).cpu().numpy()
+
+        def to_torch(array):
+            return torch.from_numpy(array).to(device)
 
         global_step = 0
         start_time = last_print = time.time()
         recent_returns = deque(maxlen=20)
         next_obs, _ = envs.reset(seed=args.seed)
-        next_obs = torch.as_tensor(next_obs, device=device).float().reshape(args.num_envs, obs_dim)
 
         try:
             for iteration in range(1, num_iterations + 1):
                 if args.anneal_lr:
                     frac = 1.0 - (iteration - 1.0) / num_iterations
                     optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                if args.numpy_rollout:
+                    policy.sync()
                 env_time, rollout_start = 0.0, time.perf_counter()
 
-                # ROLLOUT
+                # ROLLOUT. The policy does not change until the update, so a step only samples actions; the
+                # log-probs and values of the whole batch come from one forward pass after the rollout.
+                cut[:] = False
                 for step in range(args.num_steps):
                     global_step += args.num_envs
-                    with torch.inference_mode():
-                        obs[step] = next_obs
-                        action, logprob, _, value = agent.get_action_and_value(next_obs)
-                        values[step] = value.flatten()
-                        actions[step] = action
-                        logprobs[step] = logprob
-                        env_actions = action.cpu().numpy()
+                    obs[step] = next_obs.reshape(args.num_envs, obs_dim)
+                    actions[step] = act(obs[step])
                     env_start = time.perf_counter()
-                    next_obs_np, reward, terminations, truncations, infos = envs.step(env_actions)
+                    next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                     env_time += time.perf_counter() - env_start
-                    finite = np.isfinite(next_obs_np.reshape(args.num_envs, -1)).all(1) & np.isfinite(reward)
-                    if not finite.all():
+                    if not (np.isfinite(next_obs).all() and np.isfinite(reward).all()):
+                        bad = ~(np.isfinite(next_obs.reshape(args.num_envs, -1)).all(1) & np.isfinite(reward))
                         raise FloatingPointError(
-                            f"iteration {iteration} (global_step {global_step}): envs "
-                            f"{np.flatnonzero(~finite).tolist()} returned NaN/Inf observations or rewards, so nothing "
-                            "was saved"
+                            f"iteration {iteration} (global_step {global_step}): envs {np.flatnonzero(bad).tolist()} "
+                            "returned NaN/Inf observations or rewards, so nothing was saved"
                         )
-                    # from_numpy shares memory; the buffer write converts the dtype (and copies to the device)
-                    rewards[step] = torch.from_numpy(reward).to(device)
-                    ends[step] = torch.from_numpy(terminations | truncations).to(device)
-                    next_obs = torch.from_numpy(next_obs_np).to(device).float().reshape(args.num_envs, obs_dim)
+                    rewards[step] = reward
+                    ends[step] = terminations | truncations
 
-                    # A time-limit cut still has a future: bootstrap it from the observation the env ended on.
-                    cut = np.flatnonzero(truncations & ~terminations)
-                    if cut.size:
-                        final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), device=device).float()
-                        with torch.inference_mode():
-                            final_values = agent.get_value(final_obs.reshape(cut.size, obs_dim)).flatten()
-                        rewards[step, cut] += args.gamma * final_values
+                    # A time-limit cut still has a future: keep the observation the env ended on, for V(final_obs)
+                    cut[step] = truncations & ~terminations
+                    if cut[step].any():
+                        final_obs[step, cut[step]] = np.stack(infos["final_obs"][cut[step]]).reshape(-1, obs_dim)
 
                     if "final_info" in infos and "episode" in infos["final_info"]:
                         episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
@@ -435,22 +495,22 @@ def main(args: Args) -> int | None:
                             writer.add_scalar("charts/episodic_return", episode["r"][i], global_step)
                             writer.add_scalar("charts/episodic_length", episode["l"][i], global_step)
 
-                # GAE
+                # LOG-PROBS, VALUES, TRUNCATION BOOTSTRAP, GAE
                 update_start = time.perf_counter()
-                inference_time = update_start - rollout_start - env_time  # policy forward passes and bookkeeping
+                inference_time = update_start - rollout_start - env_time  # action sampling and bookkeeping
+                b_obs, b_actions = to_torch(obs).view(-1, obs_dim), to_torch(actions).view((-1,) + action_shape)
                 with torch.no_grad():
-                    next_value = agent.get_value(next_obs).flatten()
-                    advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
-                    returns = advantages + values
+                    _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
+                    b_values = b_values.flatten()
+                    values = b_values.cpu().numpy().reshape(shape)
+                    rewards[cut] += args.gamma * agent.get_value(to_torch(final_obs[cut])).cpu().numpy().flatten()
+                    next_value = agent.get_value(to_torch(next_obs.reshape(args.num_envs, obs_dim)).float())
+                next_value = next_value.cpu().numpy().flatten()
+                advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
+                returns = advantages + values
+                b_advantages, b_returns = to_torch(advantages).flatten(), to_torch(returns).flatten()
 
                 # UPDATE
-                b_obs = obs.reshape((-1, obs_dim))
-                b_logprobs = logprobs.reshape(-1)
-                b_actions = actions.reshape((-1,) + action_shape)
-                b_advantages = advantages.reshape(-1)
-                b_returns = returns.reshape(-1)
-                b_values = values.reshape(-1)
-
                 b_inds = np.arange(batch_size)
                 sums = np.zeros(
                     6
@@ -459,7 +519,7 @@ def main(args: Args) -> int | None:
                 for _ in range(args.update_epochs):
                     np.random.shuffle(b_inds)
                     for start in range(0, batch_size, minibatch_size):
-                        mb_inds = b_inds[start : start + minibatch_size]
+                        mb_inds = to_torch(b_inds[start : start + minibatch_size])  # one conversion, 8 lookups
                         _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                             b_obs[mb_inds], b_actions[mb_inds]
                         )
@@ -498,7 +558,7 @@ def main(args: Args) -> int | None:
 
                         optimizer.zero_grad()
                         loss.backward()
-                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                         optimizer.step()
                         stats = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
                         sums += torch.stack([s.detach() for s in stats]).cpu().numpy()
@@ -515,7 +575,7 @@ def main(args: Args) -> int | None:
                     )
 
                 # LOGGING
-                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+                y_pred, y_true = values.flatten(), returns.flatten()
                 var_y = np.var(y_true)
                 explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
                 pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = sums / num_updates

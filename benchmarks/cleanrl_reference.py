@@ -42,10 +42,17 @@ class MLPAgent(ppo_vec.Agent):
 
 
 class CNNAgent(ppo_atari_multigpu.Agent):
-    """ppo_atari_multigpu.py's Nature CNN, sampling as CleanRL does."""
+    """ppo_atari_multigpu.py's Nature CNN in CleanRL's default memory layout, sampling as CleanRL does."""
+
+    def __init__(self, num_actions):
+        super().__init__(num_actions)
+        self.to(memory_format=torch.contiguous_format)
+
+    def hidden(self, x):
+        return self.network(x / 255.0)
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x / 255.0)
+        hidden = self.hidden(x)
         probs = Categorical(logits=self.actor(hidden))
         if action is None:
             action = probs.sample()
@@ -99,9 +106,13 @@ def main():
         tick = time.perf_counter()
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
-            # CleanRL's done convention (dones[t]: obs[t] starts an episode) mapped onto compute_gae's ends[t].
-            ends = torch.cat([dones[1:], next_done[None]])
-            advantages = ppo_vec.compute_gae(rewards, values, ends, next_value.flatten(), gamma, gae_lambda)
+            advantages = torch.zeros_like(rewards)  # CleanRL's GAE loop, in torch
+            lastgaelam = 0
+            for t in reversed(range(args.num_steps)):
+                nextnonterminal = 1.0 - (next_done if t == args.num_steps - 1 else dones[t + 1])
+                nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
+                delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+                advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
             returns = advantages + values
         b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
         b_logprobs, b_actions = logprobs.reshape(-1), actions.reshape(-1)

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -34,24 +36,59 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 def test_compute_gae_by_hand():
     """Env 0 terminates after step 1; env 1 is truncated after step 1 with V(final_obs) = 5, folded in by the caller."""
     gamma, lam = 0.9, 0.8
-    rewards = torch.tensor([[1.0, 0.0], [2.0, 1.0 + gamma * 5.0], [3.0, 0.0], [4.0, 1.0]])
-    values = torch.tensor([[0.5, 1.0], [1.0, 1.0], [1.5, 1.0], [2.0, 1.0]])
-    ends = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
-    next_value = torch.tensor([3.0, 2.0])
+    rewards = np.array([[1.0, 0.0], [2.0, 1.0 + gamma * 5.0], [3.0, 0.0], [4.0, 1.0]], dtype=np.float32)
+    values = np.array([[0.5, 1.0], [1.0, 1.0], [1.5, 1.0], [2.0, 1.0]], dtype=np.float32)
+    ends = np.array([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]], dtype=np.float32)
+    next_value = np.array([3.0, 2.0], dtype=np.float32)
     advantages = ppo_vec.compute_gae(rewards, values, ends, next_value, gamma, lam)
     # By hand, backwards. Env 0: deltas 4.7, 3.3, 1.0 (no future after the termination), 1.4.
     # Env 1: deltas 1.8, -0.1, 4.5 (= 1 + 0.9 * 5 - 1: the truncated step keeps its future), -0.1.
-    expected = torch.tensor(
-        [[1.4 + 0.72 * 1.0, -0.1 + 0.72 * 4.5], [1.0, 4.5], [3.3 + 0.72 * 4.7, -0.1 + 0.72 * 1.8], [4.7, 1.8]]
-    )
-    torch.testing.assert_close(advantages, expected)
+    expected = [[1.4 + 0.72 * 1.0, -0.1 + 0.72 * 4.5], [1.0, 4.5], [3.3 + 0.72 * 4.7, -0.1 + 0.72 * 1.8], [4.7, 1.8]]
+    np.testing.assert_allclose(advantages, expected, rtol=1e-6)
     # Treating the truncation as a termination would have dropped the future: advantage 0 at env 1, step 1.
     rewards[1, 1] = 1.0
     assert ppo_vec.compute_gae(rewards, values, ends, next_value, gamma, lam)[1, 1] == pytest.approx(0.0)
 
 
-def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
-    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1024", "--seed", "3"], tmp_path)
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(3), gym.spaces.Box(-2.0, 2.0, (2,))], ids=["discrete", "box"])
+def test_numpy_policy_samples_the_agents_distribution(space):
+    """The numpy rollout policy: the actor's exact outputs and its action distribution (mean, spread, frequencies)."""
+    torch.manual_seed(0)
+    agent = ppo_vec.Agent(5, space)
+    with torch.no_grad():  # a trained-looking policy, not the near-uniform initial one
+        agent.actor[-1].weight.mul_(100.0)
+        if agent.continuous:
+            agent.actor_logstd.fill_(-1.0)
+    x = np.random.default_rng(0).standard_normal((1, 5)).astype(np.float32)
+    policy = ppo_vec.NumpyPolicy(agent, np.random.default_rng(1))
+    samples = np.stack([policy.act(x)[0] for _ in range(20_000)])
+    with torch.no_grad():
+        out = agent.actor(torch.from_numpy(x))[0].numpy()
+    if agent.continuous:
+        np.testing.assert_allclose(samples.mean(0), out, atol=0.01)
+        np.testing.assert_allclose(samples.std(0), np.exp(-1.0), rtol=0.02)
+    else:
+        probs = np.exp(out - out.max()) / np.exp(out - out.max()).sum()
+        assert probs.max() < 0.95  # every action is likely enough to be counted
+        np.testing.assert_allclose(np.bincount(samples, minlength=3) / len(samples), probs, atol=0.01)
+    with torch.no_grad():  # new weights, read by sync(): a near-certain action
+        agent.actor[-1].weight.zero_()
+        agent.actor[-1].bias.copy_(torch.tensor([1.5, -1.5] if agent.continuous else [0.0, 0.0, 20.0]))
+    policy.sync()
+    expected = [1.5, -1.5] if agent.continuous else 2
+    np.testing.assert_allclose(np.mean([policy.act(x)[0] for _ in range(1000)], axis=0), expected, atol=0.02)
+
+
+def test_numpy_policy_refuses_layers_it_cannot_run():
+    agent = ppo_vec.Agent(4, gym.spaces.Discrete(2))
+    agent.actor.insert(1, torch.nn.LayerNorm(64))
+    with pytest.raises(TypeError, match="LayerNorm.*--no-numpy-rollout"):
+        ppo_vec.NumpyPolicy(agent, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("rollout", ["--numpy-rollout", "--no-numpy-rollout"])
+def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path, rollout):
+    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1024", "--seed", "3", rollout], tmp_path)
     assert out.returncode == 0, out.stderr
     progress = [line for line in out.stdout.splitlines() if line.startswith("global_step=")]
     assert progress and progress[-1].startswith("global_step=1024/1024 SPS=")

@@ -1,6 +1,6 @@
 """Learning results of the two scripts, measured: mean raw return of the last 20 episodes of each run, and curves.
 
-    python benchmarks/learning.py cartpole                # ppo_vec.py, CartPole-v1, 8 envs, 500k steps, seeds 1-3
+    python benchmarks/learning.py cartpole                # ppo_vec.py, CartPole-v1, 8 envs, 128|64 steps, seeds 1-3
     python benchmarks/learning.py pendulum                # ppo_vec.py, Pendulum-v1 with the README's flags, seeds 1-3
     python benchmarks/learning.py breakout                # ppo_atari_multigpu.py, 1M steps, seed 1 (~40 min, 2 cores)
     python benchmarks/learning.py breakout-ranks          # 2 ranks x 4 envs vs 1 rank x 8 envs (same global batch)
@@ -30,9 +30,13 @@ VEC, ATARI = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
 PENDULUM = "--num-envs 8 --num-steps 256 --gamma 0.9 --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8"
 PENDULUM += " --ent-coef 0 --total-timesteps 400000"
 CASES = {  # case -> (target, {label: command})
-    "cartpole": (
+    "cartpole": (  # CleanRL's num_steps 128, then 64: CleanRL's batch of 512 steps (4 envs x 128) on 8 envs
         ">= 475 for every seed",
-        {f"seed {s}": [VEC, "--env-id", "CartPole-v1", "--num-envs", "8", "--seed", str(s)] for s in (1, 2, 3)},
+        {
+            f"seed {s}, {n} steps": [VEC, *f"--env-id CartPole-v1 --num-envs 8 --num-steps {n} --seed {s}".split()]
+            for n in ("128", "64")
+            for s in (1, 2, 3)
+        },
     ),
     "pendulum": (
         ">= -300, mean over the seeds",
@@ -96,8 +100,12 @@ def main() -> None:
         curves[label] = (steps.tolist(), returns.tolist())
         shown = " ".join(Path(c).name if c in (VEC, ATARI) else c for c in cmd)
         lines.append(f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |")
-    values = list(finals.values())
-    lines += ["", f"Mean over runs {np.mean(values):.1f}, median {np.median(values):.1f}, min {np.min(values):.1f}."]
+    groups = {}  # "seed 1, 64 steps" -> "64 steps": the runs that differ only in their seed
+    for label, final in finals.items():
+        groups.setdefault(label.partition(", ")[2] or "all runs", []).append(final)
+    lines.append("")
+    for group, values in groups.items():
+        lines.append(f"{group}: mean {np.mean(values):.1f}, median {np.median(values):.1f}, min {np.min(values):.1f}.")
     plt = save(f"learning_{args.case}", lines, {"finals": finals, "curves": curves})
     if plt is None:
         return

@@ -171,11 +171,9 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(x)
 
-    def get_action(self, x, greedy=False):
-        """Actions only: all a rollout step needs (its log-probs and values are computed after the rollout)."""
+    def get_action(self, x):
+        """Sampled actions only: all a rollout step needs (log-probs and values are computed after the rollout)."""
         out = self.actor(x)
-        if greedy:
-            return out if self.continuous else out.argmax(dim=-1)
         if self.continuous:
             return Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False).sample()
         return Categorical(logits=out, validate_args=False).sample()

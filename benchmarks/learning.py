@@ -78,6 +78,7 @@ def main() -> None:
     target, commands = CASES[args.case]
     if args.runs is None:
         scratch = Path(tempfile.mkdtemp(prefix=f"learning-{args.case}-"))
+        print(f"runs go to {scratch}/runs (kept: summarize them again with --runs {scratch})", flush=True)
         for label, cmd in commands.items():
             print(f"{label}: python {' '.join(cmd)}", flush=True)
             subprocess.run([sys.executable, *cmd], cwd=scratch, check=True, stdout=subprocess.DEVNULL)

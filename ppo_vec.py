@@ -1,7 +1,7 @@
 """PPO for flat-observation gymnasium envs, collecting experience from many envs at once (CleanRL style).
 
     python ppo_vec.py --env-id CartPole-v1 --num-envs 8
-    python ppo_vec.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 1000000 --gamma 0.9 \\
+    python ppo_vec.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 200000 --gamma 0.9 \\
         --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 --ent-coef 0 --save-model
     python ppo_vec.py --env-id my_package.my_module:MyEnv-v0     # imports my_package.my_module, which registers it
     python ppo_vec.py --env-id CartPole-v1 --eval-checkpoint runs/<run_name>/ppo_vec.cleanrl_model
@@ -200,10 +200,11 @@ class NumpyPolicy:
 
     A rollout step feeds num_envs observations through a 64-unit MLP. In torch that is almost all per-call
     overhead (dispatch, autograd and dtype checks: ~10 us per layer even under inference_mode, and several times
-    more right after waiting for the envs, with cold caches); numpy does the same math for a fraction and made
-    ppo_vec.py ~1.6x faster on CartPole (benchmarks/train_speed.py). It reads the actor's weights once per
-    iteration (`sync`): views of the CPU parameters, or one copy from a GPU. It knows nn.Linear, nn.Tanh and
-    nn.ReLU; if you give the actor other layers, add them here or run with --no-numpy-rollout (torch sampling).
+    more right after waiting for the envs, with cold caches); numpy does the same math for a fraction: with the
+    batched log-probs and values, a CartPole iteration's non-env rollout time fell from 0.104 s to 0.019 s at 8
+    envs (benchmarks/train_speed.py). It reads the actor's weights once per iteration (`sync`): views of the CPU
+    parameters, or one copy from a GPU. It knows nn.Linear, nn.Tanh and nn.ReLU; if you give the actor other
+    layers, add them here or run with --no-numpy-rollout (torch sampling).
     """
 
     def __init__(self, agent: Agent, rng: np.random.Generator):

@@ -31,7 +31,7 @@ PENDULUM = "--num-envs 8 --num-steps 256 --gamma 0.9 --learning-rate 1e-3 --upda
 PENDULUM += " --ent-coef 0 --total-timesteps 200000"
 CASES = {  # case -> (target, {label: command})
     "cartpole": (  # CleanRL's num_steps 128, then 64: CleanRL's batch of 512 steps (4 envs x 128) on 8 envs
-        ">= 475 for every seed",
+        "last-20 mean return >= 475 for every seed",
         {
             f"seed {s}, {n} steps": [VEC, *f"--env-id CartPole-v1 --num-envs 8 --num-steps {n} --seed {s}".split()]
             for n in ("128", "64")
@@ -39,15 +39,15 @@ CASES = {  # case -> (target, {label: command})
         },
     ),
     "pendulum": (
-        ">= -300, mean over the seeds",
+        "last-20 mean return >= -300, averaged over the seeds",
         {f"seed {s}": [VEC, "--env-id", "Pendulum-v1", *PENDULUM.split(), "--seed", str(s)] for s in (1, 2, 3)},
     ),
     "breakout": (
-        ">= 8 after 1M steps",
+        "last-20 mean raw return >= 8 after 1M steps",
         {"seed 1": [ATARI, *"--total-timesteps 1000000 --seed 1 --checkpoint-interval 100".split()]},
     ),
     "breakout-ranks": (
-        "the same curve within noise",
+        "the same learning curve within noise, same global batch",
         {
             "1 rank x 8 envs": [ATARI, "--total-timesteps", "200000", "--local-num-envs", "8"],
             "2 ranks x 4 envs": [
@@ -91,7 +91,7 @@ def main() -> None:
         sys.exit(f"{args.runs / 'runs'} holds {len(run_dirs)} runs; case {args.case} has {len(commands)}")
 
     lines = [
-        f"Learning, {args.case} (target: last-20 mean return {target}). Machine: {MACHINE}.",
+        f"Learning, {args.case} (target: {target}). Machine: {MACHINE}.",
         f"Command: `python benchmarks/learning.py {args.case}`; each run:",
         "",
         "| run | command | episodes | last-20 mean return |",

@@ -511,9 +511,7 @@ def main(args: Args) -> int | None:
 
                 # UPDATE
                 b_inds = np.arange(batch_size)
-                sums = np.zeros(
-                    6
-                )  # pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac: averaged over the update
+                sums = np.zeros(6)  # pg, v, entropy, old_approx_kl, approx_kl, clipfrac: update means
                 num_updates = 0
                 for _ in range(args.update_epochs):
                     np.random.shuffle(b_inds)

@@ -99,16 +99,37 @@ def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path, rollout):
     assert all(0 < r <= 500 for _, r in scalars["charts/episodic_return"])
 
 
-def test_pendulum_tiny_run_saves_and_evaluates(tmp_path):
+@pytest.mark.parametrize(("norm_obs", "norm_reward"), [(True, True), (False, True), (False, False)])
+def test_box_env_normalizes_only_what_the_flags_ask(norm_obs, norm_reward):
+    """The env a Box-action run trains on, against a plain Pendulum-v1 stepped with the same actions."""
+    env = ppo_vec.make_env("Pendulum-v1", 0, False, "unused", 0.99, norm_obs, norm_reward)()
+    plain = gym.make("Pendulum-v1")
+    obs, _ = env.reset(seed=3)
+    plain_obs, _ = plain.reset(seed=3)
+    same_obs, same_rewards = [np.allclose(obs, plain_obs)], []
+    for action in np.linspace(-3, 3, 20):  # beyond the bounds too: both clip to [-2, 2]
+        obs, reward, *_ = env.step(np.array([action], dtype=np.float32))
+        plain_obs, plain_reward, *_ = plain.step(np.clip(np.array([action], dtype=np.float32), -2, 2))
+        same_obs.append(np.allclose(obs, plain_obs))
+        same_rewards.append(np.isclose(reward, plain_reward))
+    assert not any(same_obs[1:]) if norm_obs else all(same_obs)
+    assert not any(same_rewards) if norm_reward else all(same_rewards)
+
+
+@pytest.mark.parametrize("norm_obs", [True, False])
+def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     args = [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
-    out = run_script(SCRIPT, args, tmp_path)
+    out = run_script(SCRIPT, [*args, "--norm-obs" if norm_obs else "--no-norm-obs"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "global_step=256/256" in out.stdout and "eval: mean return" in out.stdout
     run_dir = only_run_dir(tmp_path)
     assert CLEANRL_TAGS - {"charts/episodic_return", "charts/episodic_length"} <= read_scalars(run_dir).keys()
     checkpoint = torch.load(run_dir / "ppo_vec.cleanrl_model", weights_only=True)
     assert checkpoint["args"]["env_id"] == "Pendulum-v1"
-    assert checkpoint["obs_rms"]["mean"].shape == (3,) and (checkpoint["obs_rms"]["var"] > 0).all()
+    if norm_obs:  # the statistics the policy was trained under travel with it
+        assert checkpoint["obs_rms"]["mean"].shape == (3,) and (checkpoint["obs_rms"]["var"] > 0).all()
+    else:
+        assert checkpoint["obs_rms"] is None and checkpoint["args"]["norm_obs"] is False
     assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
     # Evaluating later, from the file alone.
     out = run_script(SCRIPT, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path)

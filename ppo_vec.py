@@ -14,7 +14,7 @@ Discrete actions: categorical policy. Box actions: diagonal Gaussian with a stat
 the action bounds only when stepping the env; each env then also normalizes its observations and rewards (as
 CleanRL's ppo_continuous_action.py does; --no-norm-obs, --no-norm-reward turn them off), and a saved model keeps
 the observation statistics for evaluation. Pendulum-v1 (observations already in [-8, 8]) learns only without
-observation normalization: -223 with the flags above over seeds 1-3, -500 to -700 with it.
+observation normalization: -223 with the flags above over seeds 1-3, -500 with it.
 Episodic returns are logged raw, recorded before any normalization.
 """
 

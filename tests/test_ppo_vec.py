@@ -79,6 +79,25 @@ def test_numpy_policy_samples_the_agents_distribution(space):
     np.testing.assert_allclose(np.mean([policy.act(x)[0] for _ in range(1000)], axis=0), expected, atol=0.02)
 
 
+def test_categorical_log_prob_and_entropy_match_torch_distributions():
+    """get_action_and_value writes Categorical's log-prob and entropy out by hand (cheaper); same numbers, same
+    gradients, also for a near-deterministic policy whose small probabilities underflow."""
+    torch.manual_seed(0)
+    agent = ppo_vec.Agent(4, gym.spaces.Discrete(3))
+    with torch.no_grad():
+        agent.actor[-1].weight.mul_(2000.0)
+    x, action = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    _, logprob, entropy, _ = agent.get_action_and_value(x, action)
+    reference = torch.distributions.Categorical(logits=agent.actor(x))
+    expected_logprob, expected_entropy = reference.log_prob(action), reference.entropy()
+    assert (expected_entropy < 1e-6).any() and torch.isfinite(entropy).all()
+    torch.testing.assert_close(logprob, expected_logprob)
+    torch.testing.assert_close(entropy, expected_entropy)
+    grads = torch.autograd.grad((logprob + entropy).sum(), agent.actor[-1].weight)
+    expected_grads = torch.autograd.grad((expected_logprob + expected_entropy).sum(), agent.actor[-1].weight)
+    torch.testing.assert_close(grads, expected_grads)
+
+
 def test_numpy_policy_refuses_layers_it_cannot_run():
     agent = ppo_vec.Agent(4, gym.spaces.Discrete(2))
     agent.actor.insert(1, torch.nn.LayerNorm(64))

@@ -533,7 +533,7 @@ def main(args: Args) -> int | None:
 
                 # UPDATE
                 b_inds = np.arange(batch_size)
-                sums = np.zeros(6)  # pg, v, entropy, old_approx_kl, approx_kl, clipfrac: update means
+                sums = torch.zeros(6, device=device)  # pg, v, entropy, old_approx_kl, approx_kl, clipfrac: update means
                 num_updates = 0
                 for _ in range(args.update_epochs):
                     np.random.shuffle(b_inds)
@@ -580,13 +580,13 @@ def main(args: Args) -> int | None:
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                         optimizer.step()
                         stats = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-                        sums += torch.stack([s.detach() for s in stats]).cpu().numpy()
+                        sums += torch.stack([s.detach() for s in stats])
                         num_updates += 1
 
                     if args.target_kl is not None and approx_kl > args.target_kl:
                         break
                 update_time = time.perf_counter() - update_start
-                if not (np.isfinite(sums).all() and all(torch.isfinite(p).all() for p in agent.parameters())):
+                if not (torch.isfinite(sums).all() and all(torch.isfinite(p).all() for p in agent.parameters())):
                     raise FloatingPointError(
                         f"iteration {iteration} (global_step {global_step}): the loss or the parameters became "
                         f"NaN/Inf, so nothing was saved; look for NaN/Inf in observations or rewards, or lower "
@@ -597,7 +597,7 @@ def main(args: Args) -> int | None:
                 y_pred, y_true = values.flatten(), returns.flatten()
                 var_y = np.var(y_true)
                 explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = sums / num_updates
+                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = (sums / num_updates).tolist()
                 sps = int(global_step / (time.time() - start_time))
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 writer.add_scalar("losses/value_loss", v_loss, global_step)

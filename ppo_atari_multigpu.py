@@ -361,7 +361,9 @@ def main(args: Args) -> int | None:
                     monitor_gym=True,
                     save_code=True,
                 )
-            writer = SummaryWriter(f"runs/{run_name}")
+            # max_queue: with the default of 10 pending events, add_scalar waits for the writer thread each time
+            # the queue fills (~110 us per call here, when many short episodes end at once)
+            writer = SummaryWriter(f"runs/{run_name}", max_queue=1000)
             writer.add_text(
                 "hyperparameters",
                 "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),

@@ -60,6 +60,20 @@ def test_cartpole_matches_sync(context, envs_per_worker, shared_memory):
     assert ends > 300, "the run must cross many episode ends to test autoreset"
 
 
+@pytest.mark.parametrize("worker_spin", [0.0, 1e-3])
+def test_worker_spin_window_met_or_missed_gives_the_same_results(worker_spin):
+    """Workers poll for `worker_spin` seconds before sleeping; a trainer slower than that (every 10th step here)
+    finds them asleep. Either way, and with no spinning at all, the results are SyncVectorEnv's."""
+
+    def slow_sometimes(rng, t):
+        if t % 10 == 0:
+            time.sleep(0.003)
+        return rng.integers(0, 2, 7)
+
+    env_fns = [lambda: gym.make("CartPole-v1") for _ in range(7)]
+    assert run_both(env_fns, 300, seed=5, action_fn=slow_sometimes, envs_per_worker=3, worker_spin=worker_spin) > 10
+
+
 @pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("envs_per_worker", [1, 3])
 @pytest.mark.parametrize("shared_memory", [True, False])
@@ -189,6 +203,8 @@ def test_bad_arguments():
         SubprocVecEnv([make_counter], context="threads")
     with pytest.raises(ValueError, match="non-empty sequence"):
         SubprocVecEnv([])
+    with pytest.raises(ValueError, match="worker_spin must be >= 0"):
+        SubprocVecEnv([make_counter], worker_spin=-1.0)
 
 
 def test_default_layout_uses_every_core():

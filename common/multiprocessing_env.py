@@ -342,7 +342,8 @@ class SubprocVecEnv(VectorEnv):
         worker_spin: seconds a worker keeps polling for its next command (yielding the CPU) before it sleeps.
             The trainer's next step usually comes within it, and skipping the sleep saves a process wake-up per
             step (ppo_vec.py, CartPole, 8 envs on 2 cores: 13-25% less env wait). Costs at most this much CPU
-            per command; 0 sleeps at once.
+            per command; 0 sleeps at once. None: 300 us, or 0 when workers outnumber the usable cores (then
+            a polling worker takes CPU time from one with work to do).
     """
 
     def __init__(
@@ -355,15 +356,15 @@ class SubprocVecEnv(VectorEnv):
         max_restarts: int = 0,
         step_timeout: float | None = None,
         close_timeout: float = 5.0,
-        worker_spin: float = 300e-6,
+        worker_spin: float | None = None,
     ):
         super().__init__()
         env_fns = list(env_fns)
         if not env_fns or not all(callable(fn) for fn in env_fns):
             raise ValueError("env_fns must be a non-empty sequence of zero-argument callables that build an env")
         self.num_envs = len(env_fns)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if envs_per_worker is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
             envs_per_worker = -(-self.num_envs // min(cores, self.num_envs))
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ValueError(f"envs_per_worker must be a positive int (or None), got {envs_per_worker!r}")
@@ -372,17 +373,18 @@ class SubprocVecEnv(VectorEnv):
             raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-        if worker_spin < 0:
-            raise ValueError(f"worker_spin must be >= 0 seconds, got {worker_spin}")
+        if worker_spin is not None and worker_spin < 0:
+            raise ValueError(f"worker_spin must be >= 0 seconds (or None), got {worker_spin}")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0 seconds (or None), got {step_timeout}")
         self.envs_per_worker = envs_per_worker
         self.max_restarts, self.restarts, self.step_timeout = max_restarts, 0, step_timeout
-        self.close_timeout, self.worker_spin = close_timeout, worker_spin
+        self.close_timeout = close_timeout
         self._slices = [
             slice(lo, min(lo + envs_per_worker, self.num_envs)) for lo in range(0, self.num_envs, envs_per_worker)
         ]
         self.num_workers = len(self._slices)
+        self.worker_spin = (300e-6 if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
         self._env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in self._slices]  # kept to rebuild crashed envs
         self._ctx, self._fork = mp.get_context(context), context == "fork"
         if context == "forkserver":  # only takes effect before this process's forkserver first starts

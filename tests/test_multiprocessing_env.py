@@ -214,6 +214,16 @@ def test_default_layout_uses_every_core():
         assert envs.envs_per_worker == -(-8 // min(8, cores))
 
 
+def test_workers_poll_only_when_they_do_not_outnumber_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    with SubprocVecEnv([make_counter] * (cores + 1)) as envs:  # default layout: one worker per core
+        assert envs.worker_spin == 300e-6
+    with SubprocVecEnv([make_counter] * (cores + 1), envs_per_worker=1) as envs:
+        assert envs.worker_spin == 0.0
+    with SubprocVecEnv([make_counter] * (cores + 1), envs_per_worker=1, worker_spin=1e-4) as envs:
+        assert envs.worker_spin == 1e-4  # as asked
+
+
 # ---------------------------------------------------------------------------------------------------- failures
 @pytest.fixture
 def no_orphans():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,20 +75,46 @@ def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):
+    """Runs cmd in its own session: on timeout its whole process group is killed (a hung job leaves nothing behind),
+    and the TimeoutExpired carries what it printed."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_script(script, args, cwd, timeout=300, extra_env=None):
     """Runs a script as a user would: a subprocess with a list argv, an absolute path and its own cwd."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    return subprocess.run(
-        [sys.executable, str(script), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return run_command([sys.executable, str(script), *map(str, args)], cwd, timeout, extra_env)
 
 
 def only_run_dir(cwd) -> Path:
     runs = list((Path(cwd) / "runs").iterdir())
     assert len(runs) == 1, runs
     return runs[0]
+
+
+def become_subreaper() -> None:
+    """Makes this process adopt its orphaned descendants (Linux), so that `descendants()` sees a grandchild whose
+    parent exited: a test then finds every process a run left behind, not only its direct children's."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def leftovers(before: set[int], within: float = 5.0) -> set[int]:
+    """Descendants of this process, not in `before`, still alive after up to `within` seconds."""
+    import time
+
+    deadline = time.monotonic() + within
+    while (left := descendants() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left

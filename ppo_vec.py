@@ -1,43 +1,33 @@
-"""PPO for flat-observation gymnasium envs, collecting experience from many envs at once (CleanRL style).
+"""PPO for flat-observation gymnasium envs (Discrete or Box actions), collecting experience from many envs at once.
 
     python ppo_vec.py --env-id CartPole-v1 --num-envs 8
     python ppo_vec.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 300000 --gamma 0.9 \\
-        --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 --ent-coef 0 --no-norm-obs --save-model
+        --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 --ent-coef 0 --no-norm-obs
     python ppo_vec.py --env-id my_package.my_module:MyEnv-v0     # imports my_package.my_module, which registers it
-    python ppo_vec.py --env-id CartPole-v1 --eval-checkpoint runs/<run_name>/ppo_vec.cleanrl_model
+    python ppo_vec.py --resume runs/<run_name>/checkpoint.pt      # continue a stopped (or checkpointed) run
+    python ppo_vec.py --eval-checkpoint runs/<run_name>/checkpoint.pt
 
-Envs step in a `common.multiprocessing_env.SubprocVecEnv`, which resets a finished env in the same step and
-returns its last observation in `infos["final_obs"]`. A time-limit cut is not an ending: a truncated step is
-bootstrapped with `gamma * V(final_obs)`; only a real termination means "no future value".
-
-Discrete actions: categorical policy. Box actions: diagonal Gaussian with a state-independent log-std, clipped to
-the action bounds only when stepping the env; each env then also normalizes its observations and rewards (as
-CleanRL's ppo_continuous_action.py does; --no-norm-obs, --no-norm-reward turn them off), and a saved model keeps
-the observation statistics for evaluation. Pendulum-v1 (observations already in [-8, 8]) learns only without
-observation normalization: -223 with the flags above over seeds 1-3, -500 with it.
-Episodic returns are logged raw, recorded before any normalization.
+A truncated step is bootstrapped with `gamma * V(final_obs)`; only a termination means "no future value". Box
+actions: a diagonal Gaussian, clipped to the bounds in the env, whose observations and rewards are normalized per
+env as in CleanRL's ppo_continuous_action.py (unless --no-norm-obs, --no-norm-reward). Returns are logged raw.
+Ctrl-C or SIGTERM writes runs/<run_name>/checkpoint.pt and exits 130 or 143; --checkpoint-interval N writes one every
+N iterations too, from which a resumed run continues bit for bit.
 """
 
-import difflib
-import importlib
-import importlib.util
 import os
-import random
-import signal
-import sys
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
-from torch.distributions.categorical import Categorical
 from torch.distributions.normal import Normal
-from torch.utils.tensorboard import SummaryWriter
 
+from common import experiment
+from common.experiment import FlagError, RunError
 from common.multiprocessing_env import SubprocVecEnv
 
 
@@ -45,11 +35,9 @@ from common.multiprocessing_env import SubprocVecEnv
 class Args:
     # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
+    """the name of this experiment (a plain name: runs/ gets one folder per run)"""
     seed: int = 1
     """seed of the experiment (env i is seeded with seed + i)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, cuda will be enabled by default"""
     track: bool = False
@@ -61,11 +49,15 @@ class Args:
     capture_video: bool = False
     """whether to capture videos of env 0 into runs/{run_name}/videos (pip install moviepy pygame)"""
     save_model: bool = False
-    """whether to save the model and its args into runs/{run_name}/, then evaluate it"""
-    eval_episodes: int = 10
-    """episodes to evaluate the saved model on (with --save-model or --eval-checkpoint)"""
+    """whether to save the final model into runs/{run_name}/, then evaluate it"""
+    checkpoint_interval: int = 0
+    """write runs/{run_name}/checkpoint.pt every this many iterations (0: only when stopped)"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint, in its run folder (same --num-envs and --num-steps)"""
     eval_checkpoint: str | None = None
-    """evaluate this saved model for --eval-episodes episodes and exit, instead of training"""
+    """evaluate this checkpoint or saved model for --eval-episodes episodes instead of training"""
+    eval_episodes: int = 10
+    """episodes to evaluate on, greedy actions (with --save-model or --eval-checkpoint)"""
 
     # Algorithm
     env_id: str = "CartPole-v1"
@@ -101,7 +93,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL divergence threshold"""
+    """the target KL divergence threshold (None: no early stop)"""
     norm_obs: bool = True
     """Box actions: normalize observations by running statistics, as CleanRL (Pendulum-v1 learns without)"""
     norm_reward: bool = True
@@ -109,49 +101,35 @@ class Args:
 
     # Vector env
     envs_per_worker: int | None = None
-    """envs stepped by each worker process (default: spread the envs over the CPU cores)"""
+    """envs stepped by each worker process (None: spread the envs over the CPU cores)"""
     max_restarts: int = 0
     """times a crashed, raising or stuck env worker may be replaced (its envs' episodes end as truncated)"""
     step_timeout: float | None = None
-    """seconds an env step may take before its worker counts as stuck (default: no limit)"""
-    numpy_rollout: bool = True
-    """sample rollout actions with a numpy copy of the actor (fast on CPU; --no-numpy-rollout: torch)"""
-    num_threads: int = 1
-    """torch CPU threads; the 64-unit MLP gains nothing from more, and the env workers need the cores"""
+    """seconds an env step may take before its worker counts as stuck (None: no limit)"""
 
 
-def make_env(
-    env_id: str,
-    idx: int,
-    capture_video: bool,
-    run_name: str,
-    gamma: float,
-    norm_obs: bool = True,
-    norm_reward: bool = True,
-    obs_rms=None,
-):
-    """A thunk building env `idx`. Box-action envs also normalize observations (`norm_obs`; frozen at `obs_rms`
-    if given, for evaluation) and rewards (`norm_reward`); RecordEpisodeStatistics sits below both, so returns
-    are raw."""
+def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
+    """A thunk building env `idx`; for Box actions, with the normalization the flags ask for (obs_rms: frozen at
+    these statistics) above RecordEpisodeStatistics, whose returns stay raw."""
 
     def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, f"runs/{run_name}/videos")
+        if args.capture_video and idx == 0:
+            env = gym.make(args.env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         else:
-            env = gym.make(env_id)
+            env = gym.make(args.env_id)
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         if isinstance(env.action_space, gym.spaces.Box):
             env = gym.wrappers.ClipAction(env)
-            if norm_obs:
+            if args.norm_obs:
                 env = gym.wrappers.NormalizeObservation(env)
                 if obs_rms is not None:
                     env.obs_rms, env.update_running_mean = obs_rms, False
                 env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-            if norm_reward:
-                env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-                env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        if args.norm_reward:
+            env = gym.wrappers.NormalizeReward(env, gamma=args.gamma)
+            env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         return env
 
     return thunk
@@ -188,84 +166,36 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(x)
 
-    def get_action(self, x):
-        """Sampled actions only: all a rollout step needs (log-probs and values are computed after the rollout)."""
+    def get_policy(self, x):
+        """The action distribution at x, which rollout, update and evaluation share: (logits, None) or (mean, std)."""
         out = self.actor(x)
-        if self.continuous:
-            return Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False).sample()
-        return Categorical(logits=out, validate_args=False).sample()
+        return (out, self.actor_logstd.expand_as(out).exp()) if self.continuous else (out, None)
 
-    def get_action_and_value(self, x, action=None, greedy=False):
-        out = self.actor(x)
-        if self.continuous:
-            # validate_args=False: the checks cost more than the forward pass of this small net, every step
-            dist = Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
-            if action is None:
-                action = out if greedy else dist.sample()
-            # independent dimensions: joint log-prob and entropy are sums
+    def get_action_and_value(self, x, action):
+        """Log-prob and entropy of `action` under the policy at x, and V(x) (actions are sampled by `sample`)."""
+        out, std = self.get_policy(x)
+        if self.continuous:  # independent dimensions: joint log-prob and entropy are sums
+            dist = Normal(out, std, validate_args=False)
             return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.critic(x)
-        # Categorical(logits=out)'s log-prob and entropy, written out: same values, a third of its cost per minibatch
+        # Categorical(logits=out)'s log-prob and entropy, written out: same values, a third of its cost
         logp = torch.log_softmax(out, dim=-1)
-        if action is None:
-            action = out.argmax(dim=-1) if greedy else Categorical(logits=out, validate_args=False).sample()
         logprob = logp.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
         return action, logprob, -(logp.exp() * logp).sum(-1), self.critic(x)
 
 
-class NumpyPolicy:
-    """Samples the agent's actions in numpy, for the rollout; same policy, same distribution as Agent.get_action.
-
-    A rollout step feeds num_envs observations through a 64-unit MLP. In torch that is almost all per-call
-    overhead (dispatch, autograd and dtype checks: ~10 us per layer even under inference_mode, and several times
-    more right after waiting for the envs, with cold caches); numpy does the same math for a fraction: with the
-    batched log-probs and values, a CartPole iteration's non-env rollout time fell from 0.104 s to 0.019 s at 8
-    envs (benchmarks/train_speed.py). It reads the actor's weights once per iteration (`sync`): views of the CPU
-    parameters, or one copy from a GPU. It knows nn.Linear, nn.Tanh and nn.ReLU; if you give the actor other
-    layers, add them here or run with --no-numpy-rollout (torch sampling).
-    """
-
-    def __init__(self, agent: Agent, rng: np.random.Generator):
-        for layer in agent.actor:
-            if not isinstance(layer, (nn.Linear, nn.Tanh, nn.ReLU)):
-                raise TypeError(
-                    f"NumpyPolicy cannot run a {type(layer).__name__} layer: add it to NumpyPolicy, "
-                    "or pass --no-numpy-rollout"
-                )
-        self.agent, self.rng = agent, rng
-        self.sync()
-
-    def sync(self):
-        """Reads the actor's current weights (call after every update)."""
-
-        def array(tensor):
-            return tensor.detach().cpu().numpy()
-
-        self.layers = [(array(m.weight).T, array(m.bias)) if isinstance(m, nn.Linear) else m for m in self.agent.actor]
-        self.std = np.exp(array(self.agent.actor_logstd)) if self.agent.continuous else None
-
-    def act(self, x: np.ndarray) -> np.ndarray:
-        for layer in self.layers:
-            if isinstance(layer, tuple):
-                x = x @ layer[0] + layer[1]
-            elif isinstance(layer, nn.Tanh):
-                x = np.tanh(x)
-            else:
-                x = np.maximum(x, 0)
-        if self.agent.continuous:
-            return x + self.std * self.rng.standard_normal(x.shape)
-        # Gumbel-max: the argmax of logits plus Gumbel noise is an exact sample of the categorical distribution
-        return np.argmax(x - np.log(-np.log(self.rng.random(x.shape))), axis=-1)
+def sample(policy: tuple, rng: np.random.Generator) -> np.ndarray:
+    """One action per row of Agent.get_policy's output, drawn with rng (whose state checkpoints keep)."""
+    out, std = (None if p is None else p.cpu().numpy() for p in policy)
+    if std is not None:
+        return out + std * rng.standard_normal(out.shape)
+    return np.argmax(out + rng.gumbel(size=out.shape), axis=-1)  # Gumbel-max: an exact categorical sample
 
 
 def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimates, backwards over a rollout. Returns advantages, shape (num_steps, num_envs).
+    """Generalized advantage estimates over a rollout; rewards, values, ends: (num_steps, num_envs) numpy arrays.
 
-    rewards, values, ends: numpy arrays (num_steps, num_envs); next_value: (num_envs,), V of the observation after
-    the last step. ends[t] is 1.0 where step t ended its episode (terminated or truncated): the trace is cut there,
-    and the next row belongs to a new episode. Truncation is not termination: for a truncated step the caller has
-    already folded `gamma * V(final_obs)` into rewards[t], so after the cut only a real termination has no future.
-    (numpy, not torch: this loop is 128 steps of tiny operations, where torch's per-call overhead dominates.)
-    """
+    next_value (num_envs,) is V after the last step; ends[t] is 1.0 where step t ended its episode, cutting the trace.
+    Truncation is not termination: for a truncated step the caller has added `gamma * V(final_obs)` to rewards[t]."""
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
@@ -276,390 +206,228 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
     return advantages
 
 
-def check_args(args: Args) -> None:
-    """Every user mistake we can see before starting workers: ValueError naming the flag and what is allowed."""
-    positive = {"num_envs": args.num_envs, "num_steps": args.num_steps, "num_minibatches": args.num_minibatches}
-    positive |= {
-        "update_epochs": args.update_epochs,
-        "total_timesteps": args.total_timesteps,
-        "num_threads": args.num_threads,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    for name, value, ok, allowed in [
-        ("learning-rate", args.learning_rate, args.learning_rate > 0, "> 0"),
-        ("gamma", args.gamma, 0 < args.gamma <= 1, "in (0, 1]"),
-        ("gae-lambda", args.gae_lambda, 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip-coef", args.clip_coef, args.clip_coef > 0, "> 0"),
-        ("max-grad-norm", args.max_grad_norm, args.max_grad_norm > 0, "> 0"),
-        ("target-kl", args.target_kl, args.target_kl is None or args.target_kl > 0, "> 0 (or unset)"),
-        ("eval-episodes", args.eval_episodes, args.eval_episodes >= 0, ">= 0"),
-        ("envs-per-worker", args.envs_per_worker, args.envs_per_worker is None or args.envs_per_worker >= 1, ">= 1"),
-        ("max-restarts", args.max_restarts, args.max_restarts >= 0, ">= 0"),
-        (
-            "step-timeout",
-            args.step_timeout,
-            args.step_timeout is None or args.step_timeout > 0,
-            "> 0 seconds (or unset)",
-        ),
-    ]:
-        if not ok:
-            raise ValueError(f"--{name} must be {allowed}, got {value}")
+def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
+    """Every mistake visible before anything starts, as a FlagError naming the flag; returns the env's spaces."""
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        raise ValueError(
-            f"--num-minibatches {args.num_minibatches} must divide the batch size {batch_size} "
-            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
-        )
-    if args.total_timesteps < batch_size and args.eval_checkpoint is None:
-        raise ValueError(
-            f"--total-timesteps {args.total_timesteps} is smaller than one batch of {batch_size} steps "
-            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
-        )
-    if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
-        raise ValueError(f"--eval-checkpoint {args.eval_checkpoint!r} is not a file")
-    for flag, module, extra in [("capture-video", "moviepy", "video"), ("track", "wandb", "wandb")]:
-        if getattr(args, flag.replace("-", "_")) and importlib.util.find_spec(module) is None:
-            raise ValueError(f"--{flag} needs {module}: pip install -e '.[{extra}]'")
-
-    module, _, name = args.env_id.rpartition(":")
-    try:
-        if module:
-            importlib.import_module(module)
-        gym.spec(name)
-    except (ImportError, gym.error.Error):
-        import ale_py
-
-        gym.register_envs(ale_py)
-        if name in gym.registry:
-            raise ValueError(f"--env-id {args.env_id} is an Atari game: use ppo_atari_multigpu.py") from None
-        close = difflib.get_close_matches(name, list(gym.registry), n=3)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        raise ValueError(f"--env-id {args.env_id!r} is not a registered gymnasium env{hint}") from None
-    try:
-        probe = gym.make(args.env_id)
-    except gym.error.DependencyNotInstalled as exc:
-        raise ValueError(f"--env-id {args.env_id} needs a package that is not installed: {exc}") from None
-    obs_space, act_space = probe.observation_space, probe.action_space
-    probe.close()
+    batch = f"batch of {batch_size} steps (--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+    experiment.check_flags(
+        args,
+        [
+            ("num_envs", args.num_envs >= 1, ">= 1"),
+            ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
+            ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
+        ],
+    )
+    experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
+    obs_space, act_space = experiment.check_env_id(args.env_id)
     if not isinstance(obs_space, gym.spaces.Box) or (obs_space.dtype == np.uint8 and len(obs_space.shape) >= 2):
         atari = "; for image observations use ppo_atari_multigpu.py" if isinstance(obs_space, gym.spaces.Box) else ""
-        raise ValueError(
-            f"--env-id {args.env_id} has observation space {obs_space}; ppo_vec.py needs a flat Box{atari}"
-        )
+        raise FlagError(f"--env-id {args.env_id} has observation space {obs_space}; ppo_vec.py needs a flat Box{atari}")
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
-        raise ValueError(f"--env-id {args.env_id} has action space {act_space}; ppo_vec.py needs Discrete or a 1-D Box")
+        raise FlagError(f"--env-id {args.env_id} has action space {act_space}; ppo_vec.py needs Discrete or a 1-D Box")
+    return gym.spaces.flatten_space(obs_space), act_space
 
 
-def merge_obs_rms(stats):
-    """One RunningMeanStd from each env's observation statistics (parallel-variance merge)."""
-    counts = np.array([s.count for s in stats])
-    means, variances = np.stack([s.mean for s in stats]), np.stack([s.var for s in stats])
-    mean = (counts[:, None] * means).sum(0) / counts.sum()
-    var = (counts[:, None] * (variances + (means - mean) ** 2)).sum(0) / counts.sum()
-    merged = gym.wrappers.utils.RunningMeanStd(shape=mean.shape)
-    merged.mean, merged.var, merged.count = mean, var, float(counts.sum())
-    return merged
-
-
-def evaluate(model_path: str, eval_episodes: int, run_name: str, device, capture_video: bool = False):
-    """Greedy-action returns of a saved model over `eval_episodes` episodes, on one env."""
-    checkpoint = torch.load(model_path, map_location=device, weights_only=True)
-    saved = checkpoint["args"]
-    obs_rms = None
-    if checkpoint["obs_rms"] is not None:
-        obs_rms = gym.wrappers.utils.RunningMeanStd(shape=tuple(checkpoint["obs_rms"]["mean"].shape))
-        obs_rms.mean, obs_rms.var = checkpoint["obs_rms"]["mean"].numpy(), checkpoint["obs_rms"]["var"].numpy()
-    # Rewards are not normalized here: the returns reported are raw either way, and nothing learns from them.
-    norm_obs = saved.get("norm_obs", True)  # checkpoints from before --norm-obs existed were normalized
-    env = make_env(saved["env_id"], 0, capture_video, f"{run_name}-eval", saved["gamma"], norm_obs, False, obs_rms)()
+def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False) -> list[float]:
+    """Greedy-action raw returns of a checkpoint's policy over `episodes` episodes on one env (videos in eval/)."""
+    checkpoint = experiment.load_checkpoint(path, "--eval-checkpoint", "ppo_vec.py")
+    saved = experiment.saved_args(checkpoint, Args, capture_video=capture_video, norm_reward=False)
+    norm = checkpoint["norm"]
+    obs_rms = experiment.merge_rms(norm["obs_rms"]) if "obs_rms" in norm else None  # as the policy trained with
+    env = make_env(saved, 0, Path(path).parent / "eval", obs_rms)()
     agent = Agent(int(np.prod(env.observation_space.shape)), env.action_space).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    returns = []
-    obs, _ = env.reset(seed=saved["seed"] + 10_000)  # seeds the training envs never used
-    while len(returns) < eval_episodes:
+    experiment.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
+
+    def act(obs):
         with torch.inference_mode():
-            action, *_ = agent.get_action_and_value(torch.as_tensor(obs, device=device).float()[None], greedy=True)
-        obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
-        if terminated or truncated:
-            returns.append(float(info["episode"]["r"]))
-            obs, _ = env.reset()
-    env.close()
-    return returns
+            out, _ = agent.get_policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+        return (out[0] if agent.continuous else out[0].argmax()).cpu().numpy()
+
+    return experiment.evaluate(env, act, episodes, saved.seed + 10_000)  # seeds the training envs never used
 
 
-def main(args: Args) -> int | None:
-    """Trains (or evaluates); returns the exit status 128 + signal number when stopped by SIGINT or SIGTERM."""
+def main(args: Args) -> None:
+    obs_space, action_space = check_args(args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.set_num_threads(1)  # a 64-unit MLP gains nothing from more threads, and the env workers need the cores
+    if args.eval_checkpoint is not None:
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
+        print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
+        return
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    run_name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_num_threads(args.num_threads)
-    if args.eval_checkpoint is not None:
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, run_name, device, args.capture_video)
-        print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
-        return
+    obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
+    norm_stats = [name for name, on in [("obs_rms", args.norm_obs and continuous), ("return_rms", args.norm_reward),
+                                        ("discounted_reward", args.norm_reward)] if on]  # fmt: skip
 
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=True,
-            save_code=True,
-        )
-    # max_queue: with the default of 10 pending events, add_scalar waits for the writer thread each time
-    # the queue fills (~110 us per call here, when many short episodes end at once)
-    writer = SummaryWriter(f"runs/{run_name}", max_queue=1000)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
-    random.seed(args.seed)
-    np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
+    agent = Agent(obs_shape[0], action_space).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
+    checkpoints = experiment.Checkpoints("ppo_vec.py", args, {"model": agent, "optimizer": optimizer}, batch_size)
+    iteration, norm = 1, {}  # a stop saves the state after iteration - 1, and the envs' statistics `norm`
+    if args.resume is not None:
+        same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}
+        checkpoint = checkpoints.resume(args.resume, same, num_iterations)
+        iteration, norm, rng.bit_generator.state = checkpoint["iteration"] + 1, checkpoint["norm"], checkpoint["rng"][0]
+    start_iteration, global_step = iteration, (iteration - 1) * batch_size
+    run_dir = Path(args.resume).parent if args.resume else experiment.make_run_dir(args)
+    checkpoint_path, model_path = run_dir / "checkpoint.pt", run_dir / f"{args.exp_name}.cleanrl_model"
 
-    # Ctrl-C and SIGTERM (schedulers, `kill`) stop training the same way: save what there is, close, exit.
-    received = []
+    def to_torch(array):  # shares memory on CPU, one copy to a GPU
+        return torch.from_numpy(array).to(device)
 
-    def stop(signum, frame):
-        received.append(signum)
-        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
-        raise KeyboardInterrupt
+    def env_seed(done: int) -> int:  # a fresh block of seeds after each checkpoint, as a resumed run starts with
+        return args.seed + done * args.num_envs
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    env_fns = [make_env(args, i, run_dir) for i in range(args.num_envs)]
+    with (
+        SubprocVecEnv(env_fns, **experiment.vec_env_options(args)) as envs,
+        experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
+        experiment.on_stop(
+            lambda: checkpoints.save(checkpoint_path, iteration - 1, [rng.bit_generator.state], norm=norm)
+        ),
+    ):
+        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.num_envs} envs in {envs.num_workers} workers", run_dir)
+        experiment.set_env_stats(envs, norm)
+        norm = experiment.get_env_stats(envs, norm_stats)
+        # Rollout storage, allocated once; the update reads it as torch tensors
+        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
+        actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
+        rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+        ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
+        progress, recent_returns = experiment.Progress(args.total_timesteps, global_step), deque(maxlen=20)
+        next_obs, _ = envs.reset(seed=env_seed(start_iteration - 1))
 
-    envs = SubprocVecEnv(
-        [
-            make_env(args.env_id, i, args.capture_video, run_name, args.gamma, args.norm_obs, args.norm_reward)
-            for i in range(args.num_envs)
-        ],
-        envs_per_worker=args.envs_per_worker,
-        max_restarts=args.max_restarts,
-        step_timeout=args.step_timeout,
-    )
-    try:
-        obs_dim = int(np.prod(envs.single_observation_space.shape))
-        agent = Agent(obs_dim, envs.single_action_space).to(device)
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
+        for iteration in range(start_iteration, num_iterations + 1):
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+            rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
-        # Rollout storage, allocated once. The rollout works in numpy, as the envs do; the update reads it as
-        # torch tensors (shared memory on CPU, one copy per iteration to a GPU).
-        action_shape = envs.single_action_space.shape
-        shape = (args.num_steps, args.num_envs)
-        obs = np.zeros(shape + (obs_dim,), dtype=np.float32)
-        actions = np.zeros(shape + action_shape, dtype=np.float32 if agent.continuous else np.int64)
-        rewards = np.zeros(shape, dtype=np.float32)
-        ends = np.zeros(shape, dtype=np.float32)  # 1.0: step t ended its episode (terminated or truncated)
-        final_obs = np.zeros(shape + (obs_dim,), dtype=np.float32)  # the last observation of a truncated episode
-        cut = np.zeros(shape, dtype=bool)  # step t was truncated, not terminated: its future still has value
-        if args.numpy_rollout:
-            policy = NumpyPolicy(agent, np.random.default_rng(args.seed))
-            act = policy.act
-        else:
-
-            def act(x):
+            # ROLLOUT: the policy is fixed until the update, so a step only samples actions
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
                 with torch.inference_mode():
-                    return agent.get_action(torch.from_numpy(x).to(device)).cpu().numpy()
+                    actions[step] = sample(agent.get_policy(to_torch(next_obs)), rng)
+                env_start = time.perf_counter()
+                next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
+                env_time += time.perf_counter() - env_start
+                rewards[step], ends[step] = reward, terminations | truncations
+                # A time-limit cut still has a future: keep the observation it ended on, for V(final_obs) below
+                cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
+                if "episode" in infos.get("final_info", {}):
+                    episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
+                    episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
 
-        def to_torch(array):
-            return torch.from_numpy(array).to(device)
+            # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
+            update_start = time.perf_counter()
+            b_obs, b_actions = to_torch(obs).view((-1,) + obs_shape), to_torch(actions).view((-1,) + action_shape)
+            with torch.no_grad():
+                _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
+                b_values = b_values.flatten()
+                values = b_values.view(rewards.shape).cpu().numpy()
+                if cuts:
+                    cut_steps, cut_envs, final_obs = zip(*cuts, strict=True)
+                    final_values = agent.get_value(to_torch(np.stack(final_obs))).flatten().cpu().numpy()
+                    rewards[cut_steps, cut_envs] += args.gamma * final_values
+                next_value = agent.get_value(to_torch(next_obs)).flatten().cpu().numpy()
 
-        global_step = 0
-        start_time = last_print = time.time()
-        recent_returns = deque(maxlen=20)
-        next_obs, _ = envs.reset(seed=args.seed)
+            # GAE
+            advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
+            returns = advantages + values
+            b_advantages, b_returns = to_torch(advantages).flatten(), to_torch(returns).flatten()
 
-        try:
-            for iteration in range(1, num_iterations + 1):
-                if args.anneal_lr:
-                    frac = 1.0 - (iteration - 1.0) / num_iterations
-                    optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-                if args.numpy_rollout:
-                    policy.sync()
-                env_time, rollout_start = 0.0, time.perf_counter()
+            # UPDATE
+            stats = defaultdict(list)  # loss name -> one value per minibatch, averaged for the log
+            for _epoch in range(args.update_epochs):
+                b_inds = rng.permutation(batch_size)
+                for start in range(0, batch_size, minibatch_size):
+                    mb_inds = to_torch(b_inds[start : start + minibatch_size])
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
 
-                # ROLLOUT. The policy does not change until the update, so a step only samples actions; the
-                # log-probs and values of the whole batch come from one forward pass after the rollout.
-                cut[:] = False
-                for step in range(args.num_steps):
-                    global_step += args.num_envs
-                    obs[step] = next_obs.reshape(args.num_envs, obs_dim)
-                    actions[step] = act(obs[step])
-                    env_start = time.perf_counter()
-                    next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
-                    env_time += time.perf_counter() - env_start
-                    if not (np.isfinite(next_obs).all() and np.isfinite(reward).all()):
-                        bad = ~(np.isfinite(next_obs.reshape(args.num_envs, -1)).all(1) & np.isfinite(reward))
-                        raise FloatingPointError(
-                            f"iteration {iteration} (global_step {global_step}): envs {np.flatnonzero(bad).tolist()} "
-                            "returned NaN/Inf observations or rewards, so nothing was saved"
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    newvalue = newvalue.view(-1)
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
                         )
-                    rewards[step] = reward
-                    ends[step] = terminations | truncations
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
-                    # A time-limit cut still has a future: keep the observation the env ended on, for V(final_obs)
-                    cut[step] = truncations & ~terminations
-                    if cut[step].any():
-                        final_obs[step, cut[step]] = np.stack(infos["final_obs"][cut[step]]).reshape(-1, obs_dim)
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 
-                    if "final_info" in infos and "episode" in infos["final_info"]:
-                        episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                        for i in np.flatnonzero(mask):
-                            recent_returns.append(float(episode["r"][i]))
-                            writer.add_scalar("charts/episodic_return", episode["r"][i], global_step)
-                            writer.add_scalar("charts/episodic_length", episode["l"][i], global_step)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                    optimizer.step()
+                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
+                                        ("old_approx_kl", old_approx_kl), ("approx_kl", approx_kl),
+                                        ("clipfrac", clipfrac)]:  # fmt: skip
+                        stats[name].append(value.detach())
 
-                # LOG-PROBS, VALUES, TRUNCATION BOOTSTRAP, GAE
-                update_start = time.perf_counter()
-                inference_time = update_start - rollout_start - env_time  # action sampling and bookkeeping
-                b_obs, b_actions = to_torch(obs).view(-1, obs_dim), to_torch(actions).view((-1,) + action_shape)
-                with torch.no_grad():
-                    _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
-                    b_values = b_values.flatten()
-                    values = b_values.cpu().numpy().reshape(shape)
-                    rewards[cut] += args.gamma * agent.get_value(to_torch(final_obs[cut])).cpu().numpy().flatten()
-                    next_value = agent.get_value(to_torch(next_obs.reshape(args.num_envs, obs_dim)).float())
-                next_value = next_value.cpu().numpy().flatten()
-                advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
-                returns = advantages + values
-                b_advantages, b_returns = to_torch(advantages).flatten(), to_torch(returns).flatten()
+                if args.target_kl is not None and experiment.mean_over_ranks(approx_kl) > args.target_kl:
+                    break  # decided on the mean over ranks: a rank stopping alone would hang the others' all-reduce
+            update_time = time.perf_counter() - update_start
+            losses = experiment.mean_over_ranks(torch.stack([torch.stack(values).mean() for values in stats.values()]))
+            losses = dict(zip(stats, losses.tolist(), strict=True))
+            if not (np.isfinite(list(losses.values())).all() and all(p.isfinite().all() for p in agent.parameters())):
+                raise RunError(
+                    f"iteration {iteration} (global_step {global_step}): the loss or the weights became "
+                    "NaN/Inf; look for NaN/Inf in observations or rewards, or lower --learning-rate"
+                )
 
-                # UPDATE
-                b_inds = np.arange(batch_size)
-                sums = torch.zeros(6, device=device)  # pg, v, entropy, old_approx_kl, approx_kl, clipfrac: update means
-                num_updates = 0
-                for _ in range(args.update_epochs):
-                    np.random.shuffle(b_inds)
-                    for start in range(0, batch_size, minibatch_size):
-                        mb_inds = to_torch(b_inds[start : start + minibatch_size])  # one conversion, 8 lookups
-                        _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                            b_obs[mb_inds], b_actions[mb_inds]
-                        )
-                        logratio = newlogprob - b_logprobs[mb_inds]
-                        ratio = logratio.exp()
+            # LOGGING
+            for step, episodic_return, episodic_length in episodes:
+                recent_returns.append(episodic_return)
+                writer.add_scalar("charts/episodic_return", episodic_return, step)
+                writer.add_scalar("charts/episodic_length", episodic_length, step)
+            var_y = np.var(returns)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            for name, value in losses.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
+            progress.log(writer, global_step, list(recent_returns), timings, restarts=envs.restarts)
 
-                        with torch.no_grad():
-                            # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                            old_approx_kl = (-logratio).mean()
-                            approx_kl = ((ratio - 1) - logratio).mean()
-                            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                        mb_advantages = b_advantages[mb_inds]
-                        if args.norm_adv:
-                            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                        # Policy loss
-                        pg_loss1 = -mb_advantages * ratio
-                        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                        # Value loss
-                        newvalue = newvalue.view(-1)
-                        if args.clip_vloss:
-                            v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                            v_clipped = b_values[mb_inds] + torch.clamp(
-                                newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                            )
-                            v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                        else:
-                            v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                        entropy_loss = entropy.mean()
-                        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                        optimizer.zero_grad()
-                        loss.backward()
-                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
-                        optimizer.step()
-                        stats = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-                        sums += torch.stack([s.detach() for s in stats])
-                        num_updates += 1
-
-                    if args.target_kl is not None and approx_kl > args.target_kl:
-                        break
-                update_time = time.perf_counter() - update_start
-                if not (torch.isfinite(sums).all() and all(torch.isfinite(p).all() for p in agent.parameters())):
-                    raise FloatingPointError(
-                        f"iteration {iteration} (global_step {global_step}): the loss or the parameters became "
-                        f"NaN/Inf, so nothing was saved; look for NaN/Inf in observations or rewards, or lower "
-                        f"--learning-rate (now {args.learning_rate})"
-                    )
-
-                # LOGGING
-                y_pred, y_true = values.flatten(), returns.flatten()
-                var_y = np.var(y_true)
-                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = (sums / num_updates).tolist()
-                sps = int(global_step / (time.time() - start_time))
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("losses/value_loss", v_loss, global_step)
-                writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-                writer.add_scalar("losses/entropy", entropy_loss, global_step)
-                writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-                writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-                writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-                writer.add_scalar("losses/explained_variance", explained_var, global_step)
-                writer.add_scalar("charts/SPS", sps, global_step)
-                writer.add_scalar("perf/env_seconds", env_time, global_step)
-                writer.add_scalar("perf/inference_seconds", inference_time, global_step)
-                writer.add_scalar("perf/update_seconds", update_time, global_step)
-                writer.add_scalar("charts/worker_restarts", envs.restarts, global_step)
-                if time.time() - last_print > 2 or iteration == num_iterations:
-                    last_print = time.time()
-                    mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                    eta = (args.total_timesteps - global_step) / max(sps, 1)
-                    print(
-                        f"global_step={global_step}/{args.total_timesteps} SPS={sps} "
-                        f"episodic_return={mean_return} (last {len(recent_returns)}) ETA={eta:.0f}s "
-                        f"[iteration: env {env_time:.2f}s, inference {inference_time:.2f}s, update {update_time:.2f}s]",
-                        flush=True,
-                    )
-
-        except KeyboardInterrupt:
-            name = signal.Signals(received[0]).name if received else "KeyboardInterrupt"
-            print(f"stopped by {name} at global_step={global_step}; shutting down", file=sys.stderr, flush=True)
+            norm = experiment.get_env_stats(envs, norm_stats)  # as of the weights just trained, for any save
+            if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
+                checkpoints.save(checkpoint_path, iteration, [rng.bit_generator.state], norm=norm)
+                next_obs, _ = envs.reset(seed=env_seed(iteration))  # as a run resumed from here starts its envs
+        iteration += 1  # all done: a stop from here on saves the finished run
 
         if args.save_model:
-            model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-            obs_rms = None
-            if agent.continuous and args.norm_obs:
-                if received:
-                    try:
-                        envs.step_wait()  # an interrupted step may still be in flight
-                    except gym.error.NoAsyncCallError:
-                        pass
-                merged = merge_obs_rms(envs.get_attr("obs_rms"))
-                obs_rms = {"mean": torch.as_tensor(merged.mean), "var": torch.as_tensor(merged.var)}
-            torch.save({"model": agent.state_dict(), "args": asdict(args), "obs_rms": obs_rms}, model_path)
+            checkpoints.save(model_path, num_iterations, [rng.bit_generator.state], norm=norm)
             print(f"model saved to {model_path}")
-            if args.eval_episodes and not received:
-                episodic_returns = evaluate(model_path, args.eval_episodes, run_name, device)
-                for idx, episodic_return in enumerate(episodic_returns):
+            if args.eval_episodes:
+                returns = evaluate(str(model_path), args.eval_episodes, device)
+                for idx, episodic_return in enumerate(returns):
                     writer.add_scalar("eval/episodic_return", episodic_return, idx)
-                print(f"eval: mean return {np.mean(episodic_returns):.2f} over {len(episodic_returns)} episodes")
-    finally:
-        envs.close()
-        writer.close()
-    return 128 + received[0] if received else None
+                print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes")
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
-    try:
-        check_args(args)
-    except ValueError as exc:
-        sys.exit(f"ppo_vec.py: error: {exc}")
-    try:
-        sys.exit(main(args))
-    except FloatingPointError as exc:
-        sys.exit(f"ppo_vec.py: error: {exc}")
+    experiment.run(main, Args, __doc__)

@@ -204,3 +204,24 @@ class ScriptedFaultEnv(gym.Env):
 
 
 gym.register("ScriptedFault-v0", entry_point=ScriptedFaultEnv, max_episode_steps=200)
+
+
+class CloseRaisesEnv(ConstantRewardEnv):
+    """An env whose close() raises: closing is best effort everywhere, so a run still ends normally."""
+
+    def close(self):
+        raise RuntimeError("close() failed")
+
+
+gym.register("CloseRaises-v0", entry_point=CloseRaisesEnv, max_episode_steps=20)
+
+
+class SlowToBuildEnv(ScriptedFaultEnv):
+    """ScriptedFaultEnv that takes 3 s to build (a simulator starting up)."""
+
+    def __init__(self):
+        super().__init__()
+        time.sleep(3)
+
+
+gym.register("SlowToBuild-v0", entry_point=SlowToBuildEnv, max_episode_steps=200)

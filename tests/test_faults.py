@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, alive, descendants, only_run_dir, read_scalars, run_script
+from tests.helpers import REPO, alive, descendants, only_run_dir, read_scalars, run_command, run_script
 from tests.test_ppo_atari_multigpu import SCRIPT as ATARI_SCRIPT
 from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
 from tests.test_ppo_vec import SCRIPT, TINY
@@ -61,34 +62,91 @@ def test_crash_with_restarts_finishes_training(tmp_path, fault):
     assert_workers_gone(tmp_path)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_stops_saves_and_cleans_up(tmp_path, sig):
-    args = [*FAULT_ENV, *TINY, "--total-timesteps", "10000000", "--save-model"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout.readline().startswith("global_step=")  # training is under way
-    family = descendants(proc.pid)
+def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
+    """Starts a run and returns once it has printed its first progress line (training is under way)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("global_step="):
+            return proc
+    raise AssertionError(f"the run never started training: {proc.communicate()}")
+
+
+def stop(proc: subprocess.Popen, sig: signal.Signals, within: float) -> str:
+    """Sends sig; returns what the run printed on stderr once it exited (within `within` seconds)."""
     start = time.monotonic()
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=30)
-    assert time.monotonic() - start < 10, "took too long to stop"
+    try:
+        _, stderr = proc.communicate(timeout=within + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert time.monotonic() - start < within, "took too long to stop"
+    return stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "sig"),
+    [
+        (SCRIPT, [*FAULT_ENV, *TINY], signal.SIGINT),
+        (SCRIPT, [*TINY, "--env-id", "Pendulum-v1"], signal.SIGTERM),
+        (ATARI_SCRIPT, ATARI_TINY, signal.SIGTERM),
+    ],
+    ids=["ppo_vec-SIGINT", "ppo_vec-box-SIGTERM", "atari-SIGTERM"],
+)
+def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
+    proc = start_training(script, [*args, "--total-timesteps", "10000000"], tmp_path, fault_env(tmp_path))
+    family = descendants(proc.pid)
+    stderr = stop(proc, sig, within=10)
     assert proc.returncode == 128 + sig, stderr
-    assert f"stopped by {sig.name}" in stderr
     run_dir = only_run_dir(tmp_path)
-    assert (run_dir / "ppo_vec.cleanrl_model").exists()
+    checkpoint_path = run_dir / "checkpoint.pt"
+    shown = checkpoint_path.relative_to(tmp_path)
+    expected = f"checkpoint saved to {shown}; continue with --resume {shown}\n{script.name}: stopped by {sig.name}\n"
+    assert stderr.endswith(expected)
+    assert "Traceback" not in stderr
     assert "losses/value_loss" in read_scalars(run_dir)  # the events were flushed
     assert not [pid for pid in family if alive(pid)]
+    if FAULT_ENV[1] in args:
+        assert_workers_gone(tmp_path)
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    steps_per_iteration = checkpoint["global_step"] // max(checkpoint["iteration"], 1) or 128
+    total = checkpoint["global_step"] + 2 * steps_per_iteration
+    out = run_script(script, [*args, "--total-timesteps", total, "--resume", checkpoint_path], tmp_path, timeout=300,
+                     extra_env=fault_env(tmp_path))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"global_step={total}/{total}" in out.stdout and only_run_dir(tmp_path) == run_dir
+    logged = [step for step, _ in read_scalars(run_dir)["losses/value_loss"]]
+    assert logged[-2:] == [total - steps_per_iteration, total]
+
+
+def test_sigterm_while_the_envs_are_built_exits_143_quietly(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
+    cmd = [sys.executable, str(SCRIPT), "--env-id", "tests.envs:SlowToBuild-v0", *TINY, "--total-timesteps", "256"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    family = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the probe in the trainer, then the workers, record their pids as they build
+        family |= descendants(proc.pid)
+        if [p for p in (tmp_path / "pids").iterdir() if int(p.name) != proc.pid]:
+            break
+        time.sleep(0.05)
+    stderr = stop(proc, signal.SIGTERM, within=10)
+    assert proc.returncode == 143
+    assert stderr == "ppo_vec.py: stopped by SIGTERM\n"
+    assert not [pid for pid in family | descendants(proc.pid) if alive(pid)]
     assert_workers_gone(tmp_path)
 
 
 def test_nan_stops_with_the_iteration_named_and_saves_nothing(tmp_path):
     args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--save-model"]
     out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, "nan:70"))
-    assert out.returncode != 0
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("ppo_vec.py: error: iteration ") and "returned NaN/Inf observations" in last
-    assert not list(only_run_dir(tmp_path).glob("*.cleanrl_model"))
+    assert out.returncode == 1
+    assert out.stderr.startswith("ppo_vec.py: error: iteration 3 (global_step 384): the loss or the weights became "
+                                 "NaN/Inf; look for NaN/Inf in observations or rewards")  # fmt: skip
+    assert not [p for p in only_run_dir(tmp_path).iterdir() if p.suffix in (".pt", ".cleanrl_model")]
     assert_workers_gone(tmp_path)
 
 
@@ -127,7 +185,7 @@ def rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank}")
 
 
-def test_sigint_to_a_two_rank_job_saves_and_leaves_nothing(tmp_path):
+def test_sigint_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
     proc = start_torchrun(tmp_path)
     family = descendants(proc.pid)
     start = time.monotonic()
@@ -136,12 +194,21 @@ def test_sigint_to_a_two_rank_job_saves_and_leaves_nothing(tmp_path):
     assert time.monotonic() - start < 30, "the job took too long to stop"
     assert proc.returncode != 0
     assert "stopped by SIGTERM" in stderr or "stopped by SIGINT" in stderr, stderr[-3000:]
-    checkpoint = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
-    assert checkpoint["rng"] is None and checkpoint["iteration"] >= 0
     deadline = time.monotonic() + 5
     while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in family if alive(pid)]
+    run_dir = only_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["world_size"] == 2 and checkpoint["rng"][1] is None  # a stop reaches rank 0's state alone
+    total = checkpoint["global_step"] + 64  # two more global iterations
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI_SCRIPT)]
+    cmd += [*ATARI_TINY, "--total-timesteps", str(total), "--resume", str(run_dir / "checkpoint.pt")]
+    out = run_command(cmd, tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"global_step={total}/{total}" in out.stdout
+    ranks = re.search(r"final parameter checksum per rank .*: \[(.*), (.*)\]", out.stdout).groups()
+    assert ranks[0] == ranks[1]
 
 
 def test_a_dead_rank_ends_the_whole_job(tmp_path):

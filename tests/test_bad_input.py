@@ -1,0 +1,91 @@
+"""Bad input to either script: exit status 2 (1 for the environment itself), one line that says what to change, no
+traceback, no runs/ folder, no process left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from common import experiment
+from tests.helpers import REPO, descendants, leftovers, run_script
+
+VEC, ATARI = REPO / "ppo_vec.py", REPO / "ppo_atari_multigpu.py"
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A text file, a checkpoint of each script, and a module that fails to import, in tmp_path."""
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    for script in ("ppo_vec.py", "ppo_atari_multigpu.py"):
+        state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
+        experiment.save_checkpoint(tmp_path / f"{script[:-3]}.pt", state)
+    (tmp_path / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
+    return tmp_path
+
+
+CASES = [
+    (VEC, ["--eval-checkpoint", "notes.txt"], "--eval-checkpoint notes.txt: not a checkpoint (not a file"),
+    (VEC, ["--eval-checkpoint", "ppo_atari_multigpu.pt"], "was written by ppo_atari_multigpu.py; ppo_vec.py reads"),
+    (ATARI, ["--eval-checkpoint", "ppo_vec.pt"], "was written by ppo_vec.py; ppo_atari_multigpu.py reads only its own"),
+    (VEC, ["--resume", "notes.txt"], "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)"),
+    (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
+    (VEC, ["--resume", "missing.pt"], "--resume missing.pt: no such file"),
+    (VEC, ["--env-id", "broken_envs:Thing-v0"], "importing broken_envs failed (RuntimeError: needs a licence file)"),
+    (VEC, ["--env-id", "CartPol-v1"], "'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"),
+    (VEC, ["--env-id", "ALE/Breakout-v5"], "needs a flat Box; for image observations use ppo_atari_multigpu"),
+    (VEC, ["--env-id", "Blackjack-v1"], "ppo_vec.py needs a flat Box"),
+    (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari env id"),
+    (VEC, ["--step-timeout", "inf"], "--step-timeout must be a finite number, got inf"),
+    (ATARI, ["--step-timeout", "1e300"], "--step-timeout must be in (0, 604800] seconds"),
+    (VEC, ["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (VEC, ["--ent-coef", "nan"], "--ent-coef must be a finite number, got nan"),
+    (ATARI, ["--learning-rate", "-inf"], "--learning-rate must be a finite number, got -inf"),
+    (VEC, ["--exp-name", "../elsewhere"], "--exp-name must be a plain name (no '/', not '.' or '..'), got ../else"),
+    (ATARI, ["--exp-name", ".."], "--exp-name must be a plain name"),
+    (VEC, ["--num-envs", "8", "--num-steps", "10", "--num-minibatches", "3"],
+     "--num-minibatches must be a divisor of the batch of 80 steps (--num-envs 8 x --num-steps 10), got 3"),
+    (ATARI, ["--local-num-envs", "0"], "--local-num-envs must be >= 1, got 0"),
+    (VEC, ["--total-timesteps", "1000"], "--total-timesteps must be >= one batch of 1024 steps"),
+    (ATARI, ["--backend", "nccl", "--no-cuda"], "--backend must be gloo on a machine without CUDA"),
+]  # fmt: skip
+if importlib.util.find_spec("moviepy") is None:
+    CASES += [(script, ["--capture-video"], "--capture-video needs moviepy") for script in (VEC, ATARI)]
+if importlib.util.find_spec("wandb") is None:
+    CASES += [
+        (script, ["--track"], "--track needs wandb, which is not installed: pip install") for script in (VEC, ATARI)
+    ]
+
+
+@pytest.mark.parametrize(("script", "flags", "message"), CASES, ids=[" ".join([c[0].stem, *c[1]]) for c in CASES])
+def test_bad_input_is_one_line_and_starts_nothing(files, script, flags, message):
+    before = descendants()
+    out = run_script(script, flags, files, timeout=120, extra_env={"PYTHONPATH": str(files)})
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(f"{script.name}: error: "), out.stderr
+    assert message in out.stderr, out.stderr
+    assert out.stdout == ""
+    assert not (files / "runs").exists() and not (files.parent / "elsewhere").exists()
+    assert not leftovers(before)
+
+
+def test_a_choice_flag_lists_its_choices(tmp_path):
+    out = run_script(ATARI, ["--backend", "tcp"], tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert "--backend" in out.stderr and "nccl" in out.stderr and "gloo" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_old_gymnasium_is_named_with_the_version_needed(tmp_path):
+    fake = tmp_path / "site" / "gymnasium"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "0.29.1"\n')
+    out = run_script(
+        VEC, ["--env-id", "CartPole-v1"], tmp_path, timeout=120, extra_env={"PYTHONPATH": str(fake.parent)}
+    )
+    assert out.returncode == 1
+    assert out.stderr == (
+        "ppo_vec.py: error: ppo-vec needs gymnasium>=1.1,<2, this Python has 0.29.1: pip install 'gymnasium>=1.1,<2'\n"
+    )
+    assert not (tmp_path / "runs").exists()

@@ -113,8 +113,8 @@ class Args:
     """GPU for each local rank (empty: GPU i for local rank i)"""
     num_threads: int | None = None
     """torch CPU threads per rank (None: the rank's share of the cores)"""
-    envs_per_worker: int | None = None
-    """envs stepped by each worker process (None: spread the rank's envs over its share of the cores)"""
+    num_workers: int | None = None
+    """env worker processes per rank (0: step the envs in the trainer; None: the rank's share of the cores)"""
     max_restarts: int = 0
     """times a crashed, raising or stuck env worker may be replaced, per rank (its episodes end as truncated)"""
     step_timeout: float | None = None
@@ -317,9 +317,8 @@ def main(args: Args) -> None:
         first_seed = env_seed(start_iteration - 1)
         seeds = experiment.all_ranks(list(range(first_seed, first_seed + args.local_num_envs)))
         if is_main:
-            experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {world_size} rank(s) on {device.type}, "
-                                f"{args.local_num_envs} envs per rank in {envs.num_workers} workers, env seeds per "
-                                f"rank: {seeds}", run_dir)  # fmt: skip
+            experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {world_size} rank(s) on {device.type}, each "
+                                f"with {envs.layout}, env seeds per rank: {seeds}", run_dir)  # fmt: skip
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
         obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)

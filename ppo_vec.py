@@ -100,8 +100,8 @@ class Args:
     """Box actions: scale rewards by a running std of the discounted return, as CleanRL"""
 
     # Vector env
-    envs_per_worker: int | None = None
-    """envs stepped by each worker process (None: spread the envs over the CPU cores)"""
+    num_workers: int | None = None
+    """env worker processes (0: step the envs in the trainer; None: measure and choose, said at start)"""
     max_restarts: int = 0
     """times a crashed, raising or stuck env worker may be replaced (its envs' episodes end as truncated)"""
     step_timeout: float | None = None
@@ -289,7 +289,7 @@ def main(args: Args) -> None:
             lambda: checkpoints.save(checkpoint_path, iteration - 1, [rng.bit_generator.state], norm=norm)
         ),
     ):
-        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.num_envs} envs in {envs.num_workers} workers", run_dir)
+        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.layout}, agent on {device}", run_dir)
         experiment.set_env_stats(envs, norm)
         norm = experiment.get_env_stats(envs, norm_stats)
         # Rollout storage, allocated once; the update reads it as torch tensors

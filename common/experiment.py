@@ -76,6 +76,9 @@ def check_flags(args: Any, rules: list[tuple[str, bool, str]]) -> None:
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
+    if getattr(args, "num_workers", None) == 0 and (args.step_timeout is not None or args.max_restarts):
+        raise FlagError("--num-workers 0 steps the envs in the trainer, where a step can be neither bounded nor "
+                        "restarted: drop --step-timeout and --max-restarts, or give --num-workers >= 1")  # fmt: skip
 
 
 def plain_name(name: str) -> bool:
@@ -100,7 +103,7 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("target_kl", lambda v: v is None or v > 0, "> 0 (or unset)"),
     ("eval_episodes", lambda v: v >= 0, ">= 0"),
     ("checkpoint_interval", lambda v: v >= 0, ">= 0 (0: only when stopped)"),
-    ("envs_per_worker", lambda v: v is None or v >= 1, ">= 1 (or unset)"),
+    ("num_workers", lambda v: v is None or v >= 0, ">= 0 (0: the envs step in the trainer) or unset"),
     ("max_restarts", lambda v: v >= 0, ">= 0"),
     ("step_timeout", lambda v: v is None or 0 < v <= 604800, "in (0, 604800] seconds, a week (or unset: no limit)"),
 ]
@@ -157,10 +160,10 @@ def make_run_dir(args: Any, root: str = "runs") -> Path:
 
 
 def vec_env_options(args: Any, cores: int | None = None) -> dict[str, Any]:
-    """SubprocVecEnv's keyword arguments from the flags both scripts share (cores: how many the envs may use)."""
-    num_envs = getattr(args, "num_envs", None) or args.local_num_envs
-    per_worker = args.envs_per_worker or (-(-num_envs // min(cores, num_envs)) if cores else None)
-    return {"envs_per_worker": per_worker, "max_restarts": args.max_restarts, "step_timeout": args.step_timeout}
+    """SubprocVecEnv's keyword arguments from the flags both scripts share; `cores`: the worker processes to use
+    when --num-workers is unset (None: let SubprocVecEnv measure and choose)."""
+    num_workers = args.num_workers if args.num_workers is not None else cores
+    return {"num_workers": num_workers, "max_restarts": args.max_restarts, "step_timeout": args.step_timeout}
 
 
 class _NoWriter:

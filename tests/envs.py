@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import gymnasium as gym
@@ -128,6 +130,8 @@ class FaultyEnv(CounterEnv):
             os._exit(3)
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "slow":
+            time.sleep(1)
 
     def reset(self, *, seed=None, options=None):
         out = super().reset(seed=seed, options=options)
@@ -225,3 +229,57 @@ class SlowToBuildEnv(ScriptedFaultEnv):
 
 
 gym.register("SlowToBuild-v0", entry_point=SlowToBuildEnv, max_episode_steps=200)
+
+
+class HelperEnv(FaultyEnv):
+    """A FaultyEnv that starts a helper process when built, as simulators and env servers do: a forked copy of the
+    worker (holding every file it has open, the worker's pipe included) or an exec'd program. `helper_pid` says
+    which process it is."""
+
+    def __init__(self, fault: str | None = None, at: int = 3, helper: str = "fork"):
+        super().__init__(fault, at)
+        if helper == "fork":
+            pid = os.fork()
+            if pid == 0:  # the helper: sleeps until it is ended
+                time.sleep(3600)
+                os._exit(0)
+            self.helper_pid = pid
+        else:
+            self.helper_pid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]).pid
+
+
+class HangsWhenBuilt(CounterEnv):
+    """Never finishes building (a simulator that waits forever for a licence server)."""
+
+    def __init__(self):
+        time.sleep(3600)
+
+
+class HangsWhenRebuilt(FaultyEnv):
+    """Raises at step 2; every later build of it (a restart's) hangs. MARKER: a path that records the first build."""
+
+    def __init__(self, marker: str):
+        super().__init__("raise", 2)
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(3600)
+
+
+class ScalarObsEnv(CounterEnv):
+    """Returns a scalar where its space says (3,): an env bug that must not be broadcast away."""
+
+    def _obs(self):
+        return np.float32(self.t)
+
+
+class SlowStepEnv(CounterEnv):
+    """Each step takes `seconds` (an env worth stepping in worker processes)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(terminate_at=10**9)
+        self.seconds = seconds
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        return super().step(action)

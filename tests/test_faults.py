@@ -89,7 +89,7 @@ def stop(proc: subprocess.Popen, sig: signal.Signals, within: float) -> str:
 @pytest.mark.parametrize(
     ("script", "args", "sig"),
     [
-        (SCRIPT, [*FAULT_ENV, *TINY], signal.SIGINT),
+        (SCRIPT, [*FAULT_ENV, *TINY, "--num-workers", "2"], signal.SIGINT),
         (SCRIPT, [*TINY, "--env-id", "Pendulum-v1"], signal.SIGTERM),
         (ATARI_SCRIPT, ATARI_TINY, signal.SIGTERM),
     ],
@@ -124,6 +124,7 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
 def test_sigterm_while_the_envs_are_built_exits_143_quietly(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
     cmd = [sys.executable, str(SCRIPT), "--env-id", "tests.envs:SlowToBuild-v0", *TINY, "--total-timesteps", "256"]
+    cmd += ["--num-workers", "2"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     family = set()

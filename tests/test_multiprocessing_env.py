@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import re
 import signal
@@ -17,8 +18,19 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
-from common.multiprocessing_env import SubprocVecEnv, WorkerError
-from tests.envs import DictObsEnv, FaultyEnv, TextObsEnv, failing_factory, make_counter
+from common.multiprocessing_env import SubprocVecEnv, WorkerError, WorkerTimeout
+from tests.envs import (
+    DictObsEnv,
+    FaultyEnv,
+    HangsWhenBuilt,
+    HangsWhenRebuilt,
+    HelperEnv,
+    ScalarObsEnv,
+    SlowStepEnv,
+    TextObsEnv,
+    failing_factory,
+    make_counter,
+)
 from tests.helpers import REPO, alive, assert_same, descendants
 
 CONTEXTS = ["forkserver", "spawn", "fork"]
@@ -49,14 +61,16 @@ def run_both(env_fns, steps, seed=0, action_fn=None, **kwargs):
         expected.close()
 
 
-@pytest.mark.parametrize("context", CONTEXTS)
-@pytest.mark.parametrize("envs_per_worker", [1, 3])
+# The layouts: every env in this process; one env per worker; workers of 3 envs (7 envs: the last worker holds 1)
+LAYOUTS = {"in-process": {"num_workers": 0}, "1/worker": {"envs_per_worker": 1}, "3/worker": {"envs_per_worker": 3}}
+LAYOUT_CASES = [("forkserver", "in-process")] + [(c, layout) for c in CONTEXTS for layout in ("1/worker", "3/worker")]
+
+
+@pytest.mark.parametrize(("context", "layout"), LAYOUT_CASES)
 @pytest.mark.parametrize("shared_memory", [True, False])
-def test_cartpole_matches_sync(context, envs_per_worker, shared_memory):
-    env_fns = [lambda: gym.make("CartPole-v1") for _ in range(7)]  # 7 envs over workers of 3: the last holds 1
-    ends = run_both(
-        env_fns, 2000, seed=3, envs_per_worker=envs_per_worker, context=context, shared_memory=shared_memory
-    )
+def test_cartpole_matches_sync(context, layout, shared_memory):
+    env_fns = [lambda: gym.make("CartPole-v1") for _ in range(7)]
+    ends = run_both(env_fns, 2000, seed=3, context=context, shared_memory=shared_memory, **LAYOUTS[layout])
     assert ends > 300, "the run must cross many episode ends to test autoreset"
 
 
@@ -74,10 +88,9 @@ def test_worker_spin_window_met_or_missed_gives_the_same_results(worker_spin):
     assert run_both(env_fns, 300, seed=5, action_fn=slow_sometimes, envs_per_worker=3, worker_spin=worker_spin) > 10
 
 
-@pytest.mark.parametrize("context", CONTEXTS)
-@pytest.mark.parametrize("envs_per_worker", [1, 3])
+@pytest.mark.parametrize(("context", "layout"), LAYOUT_CASES)
 @pytest.mark.parametrize("shared_memory", [True, False])
-def test_scripted_terminations_and_truncations(context, envs_per_worker, shared_memory):
+def test_scripted_terminations_and_truncations(context, layout, shared_memory):
     env_fns = [functools.partial(make_counter, terminate_at=3 + i, max_episode_steps=6) for i in range(5)]
     expected = oracle(env_fns)
     expected.reset(seed=0)
@@ -90,22 +103,24 @@ def test_scripted_terminations_and_truncations(context, envs_per_worker, shared_
         env_fns,
         60,
         action_fn=lambda rng, t: np.full(5, 2 if t % 4 else 1, dtype=np.int64),
-        envs_per_worker=envs_per_worker,
         context=context,
         shared_memory=shared_memory,
+        **LAYOUTS[layout],
     )
 
 
+@pytest.mark.parametrize("layout", ["in-process", "3/worker"])
 @pytest.mark.parametrize("shared_memory", [True, False])
 @pytest.mark.parametrize("env_cls", [DictObsEnv, TextObsEnv])
-def test_dict_tuple_and_text_observations(env_cls, shared_memory):
-    run_both([env_cls] * 4, 40, envs_per_worker=3, shared_memory=shared_memory)
+def test_dict_tuple_and_text_observations(env_cls, shared_memory, layout):
+    run_both([env_cls] * 4, 40, shared_memory=shared_memory, **LAYOUTS[layout])
 
 
-def test_box_actions_and_float64_actions_match():
+@pytest.mark.parametrize("layout", ["in-process", "3/worker"])
+def test_box_actions_and_float64_actions_match(layout):
     env_fns = [lambda: gym.make("Pendulum-v1") for _ in range(3)]
-    run_both(env_fns, 250, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32), envs_per_worker=2)
-    run_both(env_fns, 50, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)), envs_per_worker=2)  # float64: pickled
+    run_both(env_fns, 250, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32), **LAYOUTS[layout])
+    run_both(env_fns, 50, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)), **LAYOUTS[layout])  # float64: pickled
 
 
 def test_seeds_reset_mask_and_options():
@@ -169,20 +184,30 @@ def test_record_episode_statistics_matches_sync():
     assert returns[0] == returns[1]
 
 
-def test_out_of_order_calls_and_bad_actions():
-    envs = SubprocVecEnv([make_counter] * 3, envs_per_worker=2)
+@pytest.mark.parametrize("layout", ["in-process", "3/worker"])
+def test_out_of_order_calls_and_bad_actions(layout):
+    envs = SubprocVecEnv([make_counter] * 3, **LAYOUTS[layout])
     envs.reset(seed=0)
-    with pytest.raises(NoAsyncCallError):
+    with pytest.raises(NoAsyncCallError, match=re.escape("Calling `step_wait` without any prior call to `step_async`")):
         envs.step_wait()
+    with pytest.raises(NoAsyncCallError, match="Calling `reset_wait` without any prior call to `reset_async`"):
+        envs.reset_wait()
     with pytest.raises(ValueError, match="2 actions for 3 envs"):
         envs.step(np.zeros(2, np.int64))
+    with pytest.raises(TypeError, match="one action per env"):
+        envs.step(0)
     envs.step_async(np.zeros(3, np.int64))
-    with pytest.raises(AlreadyPendingCallError):
+    with pytest.raises(AlreadyPendingCallError, match="while waiting for a pending call to `step` to complete"):
         envs.step_async(np.zeros(3, np.int64))
     with pytest.raises(AlreadyPendingCallError):
         envs.reset()
     obs, *_ = envs.step_wait()
     assert obs[:, 0].tolist() == [1, 1, 1]  # the rejected calls sent nothing
+    envs.reset_async(seed=5)
+    with pytest.raises(AlreadyPendingCallError, match="pending call to `reset` to complete"):
+        envs.step_async(np.zeros(3, np.int64))
+    obs, infos = envs.reset_wait()
+    assert obs[:, 0].tolist() == [0, 0, 0] and infos["resets"].tolist() == [2, 2, 2]
     envs.close()
     envs.close()  # idempotent
     for call in (lambda: envs.step(np.zeros(3, np.int64)), envs.reset, envs.step_wait, lambda: envs.get_attr("t")):
@@ -190,33 +215,85 @@ def test_out_of_order_calls_and_bad_actions():
             call()
 
 
+@pytest.mark.parametrize("layout", ["in-process", "3/worker"])
+def test_reset_mask_errors_match_gymnasium(layout):
+    with SubprocVecEnv([make_counter] * 3, **LAYOUTS[layout]) as envs:
+        envs.reset(seed=0)
+        for mask, error, message in [
+            ([True, False, True], TypeError, "`options['reset_mask']` must be a numpy array, got <class 'list'>"),
+            (np.array([1, 0, 1]), TypeError, "`options['reset_mask']` must have `dtype=np.bool_`, got int64"),
+            (np.array([True]), ValueError, "`options['reset_mask']` must have shape `(3,)`, got (1,)"),
+            (np.zeros(3, bool), ValueError, "`options['reset_mask']` must select at least one env"),
+        ]:
+            with pytest.raises(error, match=re.escape(message)):
+                envs.reset(options={"reset_mask": mask})
+        envs.reset(options={"reset_mask": np.array([True, False, True])})  # and the vec env is still usable
+
+
+def test_close_with_a_pending_call_warns_and_ends_it():
+    envs = SubprocVecEnv([make_counter] * 2, num_workers=2)
+    envs.reset(seed=0)
+    envs.step_async(np.zeros(2, np.int64))
+    pids = envs.worker_pids
+    with pytest.warns(UserWarning, match=re.escape("Calling `close` while waiting for a pending call to `step`")):
+        envs.close(terminate=True)
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("layout", ["in-process", "3/worker"])
+def test_a_scalar_observation_is_an_error_as_in_sync(layout):
+    with pytest.raises(ValueError):
+        oracle([ScalarObsEnv] * 2).reset(seed=0)
+    with SubprocVecEnv([ScalarObsEnv] * 2, **LAYOUTS[layout]) as envs:
+        with pytest.raises((ValueError, WorkerError), match=r"observation has shape \(\), but its space"):
+            envs.reset(seed=0)
+
+
 def test_mismatched_spaces_are_rejected():
     env_fns = [make_counter, make_counter, lambda: gym.make("CartPole-v1")]
-    with pytest.raises(RuntimeError, match="env 2 has observation space"):
-        SubprocVecEnv(env_fns, envs_per_worker=1)
+    for layout in ("in-process", "1/worker"):
+        with pytest.raises(RuntimeError, match="env 2 has observation space"):
+            SubprocVecEnv(env_fns, **LAYOUTS[layout])
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="envs_per_worker"):
-        SubprocVecEnv([make_counter], envs_per_worker=0)
-    with pytest.raises(ValueError, match="context must be one of"):
-        SubprocVecEnv([make_counter], context="threads")
+    for kwargs, message in [
+        ({"envs_per_worker": 0}, "envs_per_worker must be a positive int"),
+        ({"num_workers": -1}, "num_workers must be an int >= 0"),
+        ({"num_workers": 1, "envs_per_worker": 1}, "num_workers or envs_per_worker, not both"),
+        ({"context": "threads"}, "context must be one of"),
+        ({"worker_spin": -1.0}, "worker_spin must be >= 0"),
+        ({"step_timeout": float("inf")}, "step_timeout must be a finite number of seconds > 0, got inf"),
+        ({"max_wait": 0}, "max_wait must be a finite number"),
+        ({"max_restarts": -1}, "max_restarts must be >= 0"),
+        ({"num_workers": 0, "step_timeout": 1.0}, "step_timeout and max_restarts need worker processes"),
+        ({"num_workers": 0, "max_restarts": 1}, "step_timeout and max_restarts need worker processes"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            SubprocVecEnv([make_counter], **kwargs)
     with pytest.raises(ValueError, match="non-empty sequence"):
         SubprocVecEnv([])
-    with pytest.raises(ValueError, match="worker_spin must be >= 0"):
-        SubprocVecEnv([make_counter], worker_spin=-1.0)
 
 
-def test_default_layout_uses_every_core():
+def test_the_layout_is_measured_and_said(monkeypatch):
+    """Cheap envs step in this process, costly ones in one worker per core; the figures are in `layout`."""
     cores = len(os.sched_getaffinity(0))
     with SubprocVecEnv([make_counter] * 8) as envs:
-        assert envs.num_workers == min(8, cores)
-        assert envs.envs_per_worker == -(-8 // min(8, cores))
+        assert envs.num_workers == 0 and envs.worker_pids == []
+        assert envs.step_seconds < 1e-3 and envs.layout.startswith("8 envs in this process (measured: one env step")
+    slow = functools.partial(SlowStepEnv, 0.005)
+    with SubprocVecEnv([slow] * 8) as envs:
+        assert envs.num_workers == min(8, cores) and envs.envs_per_worker == -(-8 // min(8, cores))
+        assert envs.step_seconds > 0.004
+        if cores > 1:
+            assert f"a step through {min(8, cores)} workers" in envs.layout and envs.round_trip_seconds < 0.004
+    with SubprocVecEnv([make_counter] * 8, step_timeout=5.0) as envs:  # a bound needs workers, measured or not
+        assert envs.num_workers == min(8, cores) and envs.step_seconds is None
 
 
 def test_workers_poll_only_when_they_do_not_outnumber_the_cores():
     cores = len(os.sched_getaffinity(0))
-    with SubprocVecEnv([make_counter] * (cores + 1)) as envs:  # default layout: one worker per core
+    with SubprocVecEnv([make_counter] * (cores + 1), num_workers=cores) as envs:  # one worker per core
         assert envs.worker_spin == 300e-6
     with SubprocVecEnv([make_counter] * (cores + 1), envs_per_worker=1) as envs:
         assert envs.worker_spin == 0.0
@@ -224,11 +301,27 @@ def test_workers_poll_only_when_they_do_not_outnumber_the_cores():
         assert envs.worker_spin == 1e-4  # as asked
 
 
+def test_gymnasium_wrappers_that_work_on_top_give_syncs_results():
+    """Statistics, reward, action and info wrappers work on a same-step vector env (gymnasium's observation wrappers
+    refuse one: the README shows the per-env way)."""
+    from gymnasium.wrappers.vector import ClipAction, NormalizeReward, RecordEpisodeStatistics
+
+    env_fns = [lambda: gym.make("Pendulum-v1") for _ in range(3)]
+    results = []
+    for envs in (SubprocVecEnv(env_fns, envs_per_worker=2), oracle(env_fns)):
+        envs = ClipAction(NormalizeReward(RecordEpisodeStatistics(envs)))
+        envs.reset(seed=2)
+        rng = np.random.default_rng(0)
+        results.append([envs.step(rng.uniform(-4, 4, (3, 1)).astype(np.float32))[1] for _ in range(250)])
+        envs.close()
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 # ---------------------------------------------------------------------------------------------------- failures
 @pytest.fixture
 def no_orphans():
     """Asserts that a test leaves no process behind that was not there before it (the forkserver excepted)."""
-    warm = SubprocVecEnv([make_counter], context="forkserver")
+    warm = SubprocVecEnv([make_counter], num_workers=1, context="forkserver")
     warm.close()
     before = descendants()
     yield
@@ -328,18 +421,24 @@ def test_hanging_env_times_out_and_close_is_bounded(no_orphans):
     with pytest.raises(TimeoutError, match=r"envs \[2\] did not answer 'step' within 0.5 s"):
         timed(lambda: envs.step_wait(timeout=0.5))
     assert 0.4 < timed.elapsed < 2
-    timed(envs.close)
+    with pytest.warns(UserWarning, match="while waiting for a pending call to `step`"):
+        timed(envs.close)
     assert timed.elapsed < 3
     assert not any(alive(pid) for pid in pids)
 
 
-def test_timeout_can_be_retried():
-    with SubprocVecEnv([functools.partial(FaultyEnv, terminate_at=99)] * 2, envs_per_worker=1) as envs:
+def test_a_timed_out_wait_is_both_timeout_errors_and_can_be_retried():
+    with SubprocVecEnv([functools.partial(FaultyEnv, "slow", 1), FaultyEnv], envs_per_worker=1) as envs:
         envs.reset(seed=0)
-        envs.call("__setattr__", "fault", None)
         envs.step_async(np.zeros(2, np.int64))
+        with pytest.raises(WorkerTimeout, match=r"envs \[0\] did not answer 'step' within 0.2 s") as info:
+            envs.step_wait(timeout=0.2)  # env 0 takes 1 s
+        assert isinstance(info.value, TimeoutError) and isinstance(info.value, multiprocessing.TimeoutError)
+        assert "call step_wait() again to keep waiting" in str(info.value)
         obs, *_ = envs.step_wait(timeout=5)
         assert obs[:, 0].tolist() == [1, 1]
+        obs, *_ = envs.step(np.zeros(2, np.int64))
+        assert obs[:, 0].tolist() == [2, 2]
 
 
 def test_close_leaves_no_process(no_orphans):
@@ -426,8 +525,109 @@ def test_stuck_worker_is_replaced_after_step_timeout(no_orphans):
     envs.close()
 
 
-def test_restart_arguments_are_checked():
-    with pytest.raises(ValueError, match="max_restarts must be >= 0"):
-        SubprocVecEnv([make_counter], max_restarts=-1)
-    with pytest.raises(ValueError, match="step_timeout must be > 0"):
-        SubprocVecEnv([make_counter], step_timeout=0)
+# ------------------------------------------------------------------------------------------------- every wait bounded
+@pytest.fixture
+def bounded():
+    """Fails the test (instead of hanging the suite) if it runs for more than 60 s: a hang is what these look for."""
+
+    def expire(signum, frame):
+        raise AssertionError("the test hung for 60 s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def all_gone(pids, within: float = 5.0) -> bool:
+    """True once none of `pids` is alive, waiting up to `within` seconds."""
+    deadline = time.monotonic() + within
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.parametrize("helper", ["fork", "exec"])
+def test_a_dead_worker_is_seen_though_a_helper_holds_its_pipe(helper, bounded, no_orphans):
+    """The env started a helper process, then the worker dies: seen from the process at once (the pipe stays open
+    while the forked helper holds it), restarted within the budget, and the helpers end with their workers."""
+    env_fns = [functools.partial(HelperEnv, "sigkill", 2, helper), functools.partial(HelperEnv, helper=helper)]
+    envs = SubprocVecEnv(env_fns, num_workers=2, step_timeout=10, max_restarts=1)
+    envs.reset(seed=0)
+    helpers = list(envs.get_attr("helper_pid"))
+    assert all(alive(pid) for pid in helpers)
+    envs.step(np.zeros(2, np.int64))
+    with pytest.warns(RuntimeWarning, match=r"restarting worker 0 .* was killed by SIGKILL"):
+        timed(lambda: envs.step(np.zeros(2, np.int64)))
+    assert timed.elapsed < 3, f"death took {timed.elapsed:.1f} s to see"
+    assert all_gone(helpers[:1]), "the dead worker's helper outlived it"
+    helpers += list(envs.get_attr("helper_pid"))[:1]  # the rebuilt env's helper
+    envs.close()
+    assert all_gone(helpers), "helpers outlived their workers"
+
+
+@pytest.mark.parametrize("bound", [{"step_timeout": 1.5}, {"max_wait": 1.5}])
+def test_an_env_that_hangs_while_built_times_out(bound, bounded, no_orphans):
+    with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'make' within 1.5 s"):
+        timed(lambda: SubprocVecEnv([make_counter, HangsWhenBuilt], num_workers=2, **bound))
+    assert timed.elapsed < 5
+
+
+def test_a_reset_that_hangs_times_out(bounded, no_orphans):
+    with SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "hang", 0)], num_workers=2, max_wait=1.5) as envs:
+        with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'reset' within 1.5 s"):
+            timed(lambda: envs.reset(seed=0))
+        assert timed.elapsed < 3
+        with pytest.raises(AlreadyPendingCallError, match="pending call to `reset`"):
+            envs.get_attr("t")
+        with pytest.raises(WorkerTimeout, match=r"'reset' within 0.5 s \(workers \[1\]\); call reset_wait\(\) again"):
+            envs.reset_wait(timeout=0.5)
+        with pytest.warns(UserWarning, match="pending call to `reset`"):
+            envs.close()
+
+
+def test_a_restart_whose_rebuilt_env_hangs_is_bounded(tmp_path, bounded, no_orphans):
+    """Each rebuild that hangs uses up a restart; once the budget is spent, the timeout is raised."""
+    env_fns = [FaultyEnv, functools.partial(HangsWhenRebuilt, str(tmp_path / "built"))]
+    envs = SubprocVecEnv(env_fns, num_workers=2, step_timeout=1.0, max_restarts=3)
+    envs.reset(seed=0)
+    envs.step(np.zeros(2, np.int64))
+    with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+        with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'make' within 1 s"):
+            timed(lambda: envs.step(np.zeros(2, np.int64)))  # raises at step 2; 3 rebuilds hang
+    assert envs.restarts == 3 and timed.elapsed < 8
+    envs.close()
+
+
+TRAINER = """
+import functools, sys, time
+import numpy as np
+from multiprocessing import util
+from common.multiprocessing_env import SubprocVecEnv
+from tests.envs import HelperEnv
+
+if __name__ == "__main__":
+    env_fns = [functools.partial(HelperEnv, "hang", 1, helper) for helper in ("fork", "exec")]
+    envs = SubprocVecEnv(env_fns, num_workers=2, context=sys.argv[1])
+    envs.reset(seed=0)
+    print(*envs.worker_pids, *envs.get_attr("helper_pid"), util.get_temp_dir(), flush=True)
+    envs.step_async(np.zeros(2, np.int64))  # both envs now sleep in step for an hour
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_workers_and_helpers_end_soon_after_the_trainer_is_killed(context, bounded):
+    """SIGKILL to the trainer while every env is busy in step: workers, the helpers their envs started and the
+    forkserver end within seconds, and no folder is left in the temp dir."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, context], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    *pids, tmpdir = proc.stdout.readline().split()
+    pids = [int(pid) for pid in pids]
+    family = descendants(proc.pid)
+    assert len(pids) == 4 and all(alive(pid) for pid in pids) and set(pids) <= family | set(pids)
+    time.sleep(0.5)  # the envs are inside step
+    proc.kill()
+    proc.wait()
+    assert all_gone(family | set(pids)), "processes outlived the trainer"
+    assert not os.path.exists(tmpdir) or context != "forkserver", f"{tmpdir} was left behind"

@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from common import experiment
-from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv
+from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv, ScreenSpace
 from common.experiment import FlagError, RunError
 from common.multiprocessing_env import SubprocVecEnv
 
@@ -128,11 +128,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None):
     def thunk():
         gym.register_envs(ale_py)
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every env
-        if capture_video and idx == 0:
-            env = gym.make(env_id, frameskip=1, render_mode="rgb_array")
+        render_mode = "rgb_array" if capture_video and idx == 0 else None
+        # obs_type="ram": no RGB frame copied out per emulated frame (AtariPreprocessing reads the screen itself)
+        env = ScreenSpace(gym.make(env_id, frameskip=1, obs_type="ram", render_mode=render_mode))
+        if render_mode:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        else:
-            env = gym.make(env_id, frameskip=1)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
         env = EpisodicLifeEnv(env)

@@ -8,10 +8,9 @@
     python ppo_vec.py --eval-checkpoint runs/<run_name>/checkpoint.pt
 
 A truncated step is bootstrapped with `gamma * V(final_obs)`; only a termination means "no future value". Box
-actions: a diagonal Gaussian, clipped to the bounds in the env, whose observations and rewards are normalized per
-env as in CleanRL's ppo_continuous_action.py (unless --no-norm-obs, --no-norm-reward). Returns are logged raw.
-Ctrl-C or SIGTERM writes runs/<run_name>/checkpoint.pt and exits 130 or 143; --checkpoint-interval N writes one every
-N iterations too, from which a resumed run continues bit for bit.
+actions: a diagonal Gaussian, clipped to the bounds in the env. Each env normalizes its rewards, and for Box actions
+its observations, by running statistics (--no-norm-reward, --no-norm-obs); returns are logged raw. Ctrl-C or SIGTERM
+writes runs/<run_name>/checkpoint.pt (exit 130/143), as --checkpoint-interval N does every N iterations.
 """
 
 import os
@@ -24,7 +23,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.distributions.normal import Normal
 
 from common import experiment
 from common.experiment import FlagError, RunError
@@ -97,7 +95,7 @@ class Args:
     norm_obs: bool = True
     """Box actions: normalize observations by running statistics, as CleanRL (Pendulum-v1 learns without)"""
     norm_reward: bool = True
-    """Box actions: scale rewards by a running std of the discounted return, as CleanRL"""
+    """rewards / running std of discounted returns (CleanRL: Box only; values near 100 stall CartPole's critic)"""
 
     # Vector env
     num_workers: int | None = None
@@ -109,15 +107,12 @@ class Args:
 
 
 def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
-    """A thunk building env `idx`; for Box actions, with the normalization the flags ask for (obs_rms: frozen at
-    these statistics) above RecordEpisodeStatistics, whose returns stay raw."""
+    """A thunk building env `idx`, normalized above RecordEpisodeStatistics as the flags ask (obs_rms: frozen)."""
 
     def thunk():
+        env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video and idx == 0 else None)
         if args.capture_video and idx == 0:
-            env = gym.make(args.env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        else:
-            env = gym.make(args.env_id)
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         if isinstance(env.action_space, gym.spaces.Box):
@@ -175,7 +170,7 @@ class Agent(nn.Module):
         """Log-prob and entropy of `action` under the policy at x, and V(x) (actions are sampled by `sample`)."""
         out, std = self.get_policy(x)
         if self.continuous:  # independent dimensions: joint log-prob and entropy are sums
-            dist = Normal(out, std, validate_args=False)
+            dist = torch.distributions.Normal(out, std, validate_args=False)
             return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.critic(x)
         # Categorical(logits=out)'s log-prob and entropy, written out: same values, a third of its cost
         logp = torch.log_softmax(out, dim=-1)
@@ -210,14 +205,11 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
     """Every mistake visible before anything starts, as a FlagError naming the flag; returns the env's spaces."""
     batch_size = args.num_envs * args.num_steps
     batch = f"batch of {batch_size} steps (--num-envs {args.num_envs} x --num-steps {args.num_steps})"
-    experiment.check_flags(
-        args,
-        [
-            ("num_envs", args.num_envs >= 1, ">= 1"),
-            ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
-            ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
-        ],
-    )
+    experiment.check_flags(args, [
+        ("num_envs", args.num_envs >= 1, ">= 1"),
+        ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
+        ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
+    ])  # fmt: skip
     experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
     obs_space, act_space = experiment.check_env_id(args.env_id)
     if not isinstance(obs_space, gym.spaces.Box) or (obs_space.dtype == np.uint8 and len(obs_space.shape) >= 2):
@@ -232,8 +224,7 @@ def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool
     """Greedy-action raw returns of a checkpoint's policy over `episodes` episodes on one env (videos in eval/)."""
     checkpoint = experiment.load_checkpoint(path, "--eval-checkpoint", "ppo_vec.py")
     saved = experiment.saved_args(checkpoint, Args, capture_video=capture_video, norm_reward=False)
-    norm = checkpoint["norm"]
-    obs_rms = experiment.merge_rms(norm["obs_rms"]) if "obs_rms" in norm else None  # as the policy trained with
+    obs_rms = experiment.merge_rms(checkpoint["norm"]["obs_rms"]) if "obs_rms" in checkpoint["norm"] else None
     env = make_env(saved, 0, Path(path).parent / "eval", obs_rms)()
     agent = Agent(int(np.prod(env.observation_space.shape)), env.action_space).to(device)
     experiment.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
@@ -258,8 +249,7 @@ def main(args: Args) -> None:
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
-    norm_stats = [name for name, on in [("obs_rms", args.norm_obs and continuous), ("return_rms", args.norm_reward),
-                                        ("discounted_reward", args.norm_reward)] if on]  # fmt: skip
+    norm_stats = ["obs_rms"] * (args.norm_obs and continuous) + ["return_rms", "discounted_reward"] * args.norm_reward
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
@@ -285,13 +275,10 @@ def main(args: Args) -> None:
     with (
         SubprocVecEnv(env_fns, **experiment.vec_env_options(args)) as envs,
         experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
-        experiment.on_stop(
-            lambda: checkpoints.save(checkpoint_path, iteration - 1, [rng.bit_generator.state], norm=norm)
-        ),
+        experiment.on_stop(lambda: checkpoints.save(checkpoint_path, iteration - 1, rng, norm=norm)),
     ):
         experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.layout}, agent on {device}", run_dir)
-        experiment.set_env_stats(envs, norm)
-        norm = experiment.get_env_stats(envs, norm_stats)
+        experiment.set_env_stats(envs, norm)  # a resumed run's; a new run's envs start afresh
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
         actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
@@ -415,12 +402,12 @@ def main(args: Args) -> None:
 
             norm = experiment.get_env_stats(envs, norm_stats)  # as of the weights just trained, for any save
             if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
-                checkpoints.save(checkpoint_path, iteration, [rng.bit_generator.state], norm=norm)
+                checkpoints.save(checkpoint_path, iteration, rng, norm=norm)
                 next_obs, _ = envs.reset(seed=env_seed(iteration))  # as a run resumed from here starts its envs
         iteration += 1  # all done: a stop from here on saves the finished run
 
         if args.save_model:
-            checkpoints.save(model_path, num_iterations, [rng.bit_generator.state], norm=norm)
+            checkpoints.save(model_path, num_iterations, rng, norm=norm)
             print(f"model saved to {model_path}")
             if args.eval_episodes:
                 returns = evaluate(str(model_path), args.eval_episodes, device)

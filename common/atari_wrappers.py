@@ -1,8 +1,9 @@
-"""The two DeepMind Atari wrappers gymnasium 1.x lacks; everything else comes from gymnasium itself.
+"""The DeepMind Atari wrappers gymnasium 1.x lacks; everything else comes from gymnasium itself.
 
-Use them above `gymnasium.wrappers.AtariPreprocessing` (noop reset, frame skip with max-pool, 84x84 grayscale):
+Use them with `gymnasium.wrappers.AtariPreprocessing` (noop reset, frame skip with max-pool, 84x84 grayscale):
 
-    env = gym.wrappers.AtariPreprocessing(gym.make("BreakoutNoFrameskip-v4"), frame_skip=4)
+    env = ScreenSpace(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
+    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4)
     env = EpisodicLifeEnv(env)
     env = FireResetEnv(env)  # only for games whose action 1 is FIRE
 """
@@ -12,6 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
+
+
+class ScreenSpace(gym.Wrapper):
+    """Declares the screen as the observation space of an ALE env made with obs_type="ram".
+
+    AtariPreprocessing reads the frames it keeps from the emulator itself (twice per frame skip) and only sizes its
+    buffers from the observation space below it; the RGB frame the env would copy out on every emulated frame is
+    never looked at. With obs_type="ram" the env hands over 128 bytes instead, and the observations are the same.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        height, width = env.unwrapped.ale.getScreenDims()
+        self.observation_space = gym.spaces.Box(0, 255, (height, width, 3), np.uint8)
 
 
 class EpisodicLifeEnv(gym.Wrapper):

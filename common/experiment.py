@@ -418,13 +418,14 @@ class Checkpoints:
         self.script, self.args, self.modules = script, args, modules
         self.steps_per_iteration, self.world_size = steps_per_iteration, world_size
 
-    def state(self, done: int, rng: list, **extras: Any) -> dict:
-        """The checkpoint after `done` iterations."""
+    def state(self, done: int, rng: np.random.Generator | list, **extras: Any) -> dict:
+        """The checkpoint after `done` iterations; rng: this process's generator, or every rank's generator state."""
+        rng = [rng.bit_generator.state] if isinstance(rng, np.random.Generator) else rng
         return {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size,
                 "iteration": done, "global_step": done * self.steps_per_iteration, "rng": rng, **extras,
                 **{name: module.state_dict() for name, module in self.modules.items()}}  # fmt: skip
 
-    def save(self, path: Path, done: int, rng: list, **extras: Any) -> Path:
+    def save(self, path: Path, done: int, rng: np.random.Generator | list, **extras: Any) -> Path:
         """Writes the checkpoint after `done` iterations to path (atomically); returns path."""
         save_checkpoint(path, self.state(done, rng, **extras))
         return path

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.atari_wrappers import FireResetEnv
-from tests.helpers import REPO, only_run_dir, read_scalars, run_command, run_script
+from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv
+from tests.helpers import REPO, assert_same, only_run_dir, read_scalars, run_command, run_script
 from tests.test_ppo_vec import CLEANRL_TAGS
 
 sys.path.insert(0, str(REPO))
@@ -164,6 +164,33 @@ def test_raw_full_game_score_is_reported_across_lives():
             break
     assert raw_total > 0
     env.close()
+
+
+def test_the_pipeline_gives_gymnasiums_observations_step_by_step():
+    """make_env skips the RGB frame the base env copies out per emulated frame; what comes out is what gymnasium's own
+    stack (RGB base env, AtariPreprocessing, ...) gives, step for step, resets and episode statistics included."""
+    gym.register_envs(ale_py)
+
+    def reference():
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make("BreakoutNoFrameskip-v4", frameskip=1))
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        env = gym.wrappers.ClipReward(FireResetEnv(EpisodicLifeEnv(env)), -1.0, 1.0)
+        return gym.wrappers.FrameStackObservation(env, 4)
+
+    ours, theirs = ppo_atari_multigpu.make_env("BreakoutNoFrameskip-v4", 1, False, None)(), reference()
+    for seed in (0, 1):
+        assert_same(ours.reset(seed=seed), theirs.reset(seed=seed))
+        rng, ends = np.random.default_rng(seed), 0
+        for _ in range(400):
+            action = int(rng.integers(0, 4))
+            got, want = ours.step(action), theirs.step(action)
+            for info in (got[4], want[4]):
+                info.get("episode", {}).pop("t", None)  # wall-clock time: the one thing that may differ
+            assert_same(got, want)
+            if want[2] or want[3]:
+                ends += 1
+                assert_same(ours.reset(), theirs.reset())
+        assert ends >= 2  # lives lost, so resets inside a game were compared too
 
 
 def test_fire_reset_refuses_games_without_fire():

@@ -25,10 +25,23 @@ from torch.distributions.categorical import Categorical
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import ppo_atari_multigpu  # noqa: E402
 import ppo_vec  # noqa: E402
+from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv  # noqa: E402
 
 
 def make_classic_env(env_id):
     return lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+
+
+def make_atari_env(env_id):
+    """gymnasium's own DeepMind stack (an RGB frame copied out per emulated frame, as CleanRL builds it)."""
+
+    def thunk():
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, frameskip=1))
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        env = gym.wrappers.ClipReward(FireResetEnv(EpisodicLifeEnv(env)), -1.0, 1.0)
+        return gym.wrappers.FrameStackObservation(env, 4)
+
+    return thunk
 
 
 class MLPAgent(ppo_vec.Agent):
@@ -69,10 +82,7 @@ def main():
     atari = "NoFrameskip" in args.env_id or args.env_id.startswith("ALE/")
     clip_coef, num_minibatches, update_epochs, gamma, gae_lambda = (0.1 if atari else 0.2), 4, 4, 0.99, 0.95
     torch.manual_seed(1)
-    env_fns = [
-        ppo_atari_multigpu.make_env(args.env_id, i, False, "") if atari else make_classic_env(args.env_id)
-        for i in range(args.num_envs)
-    ]
+    env_fns = [make_atari_env(args.env_id) if atari else make_classic_env(args.env_id) for i in range(args.num_envs)]
     envs = gym.vector.SyncVectorEnv(env_fns)
     n = envs.single_action_space.n
     obs_dim = int(np.prod(envs.single_observation_space.shape))

@@ -2,6 +2,7 @@
 
     python benchmarks/train_speed.py                  # CartPole at 1, 2, 4, 8, 16 envs, Breakout at 8; 3 repetitions
     python benchmarks/train_speed.py --quick          # CartPole at 1 and 8 envs only, 1 repetition
+    python benchmarks/train_speed.py --baseline REV   # also the scripts as they were at git revision REV
 
 Every run is a fresh subprocess, as a user runs it; repetitions are interleaved (ours, reference, ours, ...).
 SPS counts from the first step (env start-up excluded, as both scripts report it). For ours, the time per
@@ -51,62 +52,84 @@ def main() -> None:
     parser.add_argument("--atari-iterations", type=int, default=3)
     parser.add_argument("--no-atari", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--baseline", help="a git revision whose scripts run beside today's, interleaved")
     args = parser.parse_args()
     if args.quick:
         args.num_envs, args.repetitions, args.no_atari = [1, 8], 1, True
     ours_vec, ours_atari = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
     reference = str(REPO / "benchmarks" / "cleanrl_reference.py")
 
-    cases = {}  # label -> (ours cmd, reference cmd)
+    baseline = None
+    if args.baseline:  # the scripts and common/ of that revision, unpacked into a folder of their own
+        baseline = Path(tempfile.mkdtemp(prefix="baseline-"))
+        archive = subprocess.run(["git", "archive", args.baseline, "ppo_vec.py", "ppo_atari_multigpu.py", "common"],
+                                 cwd=REPO, capture_output=True, check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
+
+    cases = {}  # label -> {backend: command}
     for n in args.num_envs:
         steps = n * 128 * args.iterations
-        cases[f"CartPole-v1, {n} envs"] = (
-            [ours_vec, "--env-id", "CartPole-v1", "--num-envs", str(n), "--total-timesteps", str(steps)],
-            [reference, "--env-id", "CartPole-v1", "--num-envs", str(n), "--iterations", str(args.iterations)],
-        )
-    if not args.no_atari:
-        steps = 8 * 128 * args.atari_iterations
-        cases["Breakout, 8 envs, 1 rank"] = (
-            [ours_atari, "--local-num-envs", "8", "--total-timesteps", str(steps)],
-            [
+        flags = ["--env-id", "CartPole-v1", "--num-envs", str(n), "--total-timesteps", str(steps)]
+        cases[f"CartPole-v1, {n} envs"] = {
+            "ours": [ours_vec, *flags],
+            "reference": [
                 reference,
                 "--env-id",
-                "BreakoutNoFrameskip-v4",
+                "CartPole-v1",
                 "--num-envs",
-                "8",
+                str(n),
                 "--iterations",
-                str(args.atari_iterations),
+                str(args.iterations),
             ],
-        )
-    samples = {label: {"ours": [], "reference": [], "breakdown": []} for label in cases}
+        }
+        if baseline:
+            cases[f"CartPole-v1, {n} envs"]["baseline"] = [str(baseline / "ppo_vec.py"), *flags]
+    if not args.no_atari:
+        steps = 8 * 128 * args.atari_iterations
+        flags = ["--local-num-envs", "8", "--total-timesteps", str(steps)]
+        cases["Breakout, 8 envs, 1 rank"] = {
+            "ours": [ours_atari, *flags],
+            "reference": [reference, "--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "8", "--iterations",
+                          str(args.atari_iterations)],
+        }  # fmt: skip
+        if baseline:
+            cases["Breakout, 8 envs, 1 rank"]["baseline"] = [str(baseline / "ppo_atari_multigpu.py"), *flags]
+    samples = {label: {name: [] for name in [*cmds, "breakdown"]} for label, cmds in cases.items()}
     for _ in range(args.repetitions):
-        for label, (ours_cmd, reference_cmd) in cases.items():
-            sps, breakdown = run(ours_cmd)
-            samples[label]["ours"].append(sps)
-            samples[label]["breakdown"].append(breakdown)
-            samples[label]["reference"].append(run(reference_cmd)[0])
-            print(f"{label:28s} ours {sps:6d} SPS, reference {samples[label]['reference'][-1]:6d} SPS", flush=True)
+        for label, cmds in cases.items():
+            for name, cmd in cmds.items():
+                sps, breakdown = run(cmd)
+                samples[label][name].append(sps)
+                if name == "ours":
+                    samples[label]["breakdown"].append(breakdown)
+            print(f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds), flush=True)
     write_report(samples, args)
 
 
 def write_report(samples, args) -> None:
     machine = MACHINE
+    base = f", baseline: the scripts at git revision {args.baseline}" if args.baseline else ""
     lines = [
         f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
-        f"(a CleanRL-style loop over SyncVectorEnv). Machine: {machine}. Command: `python benchmarks/train_speed.py`.",
+        f"(a CleanRL-style loop over SyncVectorEnv){base}. Machine: {machine}.",
+        f"Command: `python benchmarks/train_speed.py{f' --baseline {args.baseline}' if args.baseline else ''}`.",
         "Per-iteration seconds of ours (medians): env wait / inference and bookkeeping / update.",
         "",
-        "| case | ours SPS | reference SPS | ours / reference | env s | inference s | update s |",
-        "|---|---|---|---|---|---|---|",
+        "| case | ours SPS | reference SPS | ours / reference |"
+        + (" baseline SPS | ours / baseline |" if args.baseline else "")
+        + " env s | inference s | update s |",
+        "|---|---|---|---|" + ("---|---|" if args.baseline else "") + "---|---|---|",
     ]
     summary = {}
     for label, s in samples.items():
         ours, ref = float(np.median(s["ours"])), float(np.median(s["reference"]))
         parts = [float(np.median([b[p] for b in s["breakdown"]])) for p in ("env", "inference", "update")]
         summary[label] = dict(ours=ours, reference=ref, breakdown=parts, samples=s)
-        lines.append(
-            f"| {label} | {ours:.0f} | {ref:.0f} | {ours / ref:.2f}x | " + " | ".join(f"{p:.3f}" for p in parts) + " |"
-        )
+        row = f"| {label} | {ours:.0f} | {ref:.0f} | {ours / ref:.2f}x |"
+        if args.baseline:
+            summary[label]["baseline"] = old = float(np.median(s["baseline"]))
+            row += f" {old:.0f} | {ours / old:.2f}x |"
+        lines.append(row + " " + " | ".join(f"{p:.3f}" for p in parts) + " |")
     one, eight = summary.get("CartPole-v1, 1 envs"), summary.get("CartPole-v1, 8 envs")
     if one and eight:
         lines += ["", f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x."]

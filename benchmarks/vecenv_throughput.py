@@ -2,20 +2,27 @@
 
     pip install -e ".[bench]"
     python benchmarks/vecenv_throughput.py                 # CartPole-v1 and Breakout, N in 1 4 8 16, 5 repetitions
+    python benchmarks/vecenv_throughput.py --puffer        # ... and PufferLib, in a venv of its own (made once)
     python benchmarks/vecenv_throughput.py --quick         # a smoke run: N=8 only, 2 repetitions
 
-Backends: ours (several worker layouts, shared memory on and off), gymnasium SyncVectorEnv and AsyncVectorEnv
-(shared memory), SB3 SubprocVecEnv, EnvPool and ale-py's C++ AtariVectorEnv where installed. Breakout gets the
-same DeepMind preprocessing everywhere (ppo_atari_multigpu.make_env for the Python backends, the equivalent
-options for EnvPool and ale-py). Repetitions run interleaved, A B C A B C ..., so drift on a noisy machine hits
-every backend alike; the report gives medians and ratios to SyncVectorEnv at the same N. Writes a markdown table,
-a JSON file and a PNG plot into benchmarks/results/.
+Backends: ours (its default, measured layout; all envs in this process; one worker per core), gymnasium's
+SyncVectorEnv and AsyncVectorEnv (shared memory), SB3's SubprocVecEnv, EnvPool and ale-py's C++ AtariVectorEnv where
+installed, and with --puffer PufferLib's Multiprocessing backend (pufferlib-core; the best of 1 and 2 workers).
+PufferLib pins a CUDA build of torch that its vector module does not use, so it gets benchmarks/.venv-pufferlib with
+`pip install --no-deps pufferlib-core` next to this project; nothing of it is needed elsewhere. Breakout gets the same
+DeepMind preprocessing everywhere (ppo_atari_multigpu.make_env for the Python backends, the equivalent options for
+EnvPool and ale-py). Repetitions run interleaved, A B C A B C ..., so drift on a noisy machine hits every backend
+alike; the report gives medians and ratios to SyncVectorEnv at the same N. Writes a markdown table, a JSON file and a
+PNG plot into benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +37,8 @@ from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save  # noqa: E40
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
 
+PUFFER_VENV = REPO / "benchmarks" / ".venv-pufferlib"
+
 
 class Runner:
     """One backend at one N: `step(actions)` advances every env once."""
@@ -43,33 +52,30 @@ def gym_runner(name, env):
     return Runner(name, env, env.step, env.close)
 
 
+def env_fns(env_name: str, n: int) -> list:
+    if env_name == "CartPole-v1":
+        return [lambda: gym.make("CartPole-v1") for _ in range(n)]
+    return [make_atari_env("BreakoutNoFrameskip-v4", i, False, None) for i in range(n)]
+
+
 def builders(env_name: str, n: int) -> dict:
     """name -> zero-argument factory of a Runner, for every backend that is installed."""
-    if env_name == "CartPole-v1":
-        env_fns = [lambda: gym.make("CartPole-v1") for _ in range(n)]
-    else:
-        env_fns = [make_atari_env("BreakoutNoFrameskip-v4", i, False, "") for i in range(n)]
+    fns = env_fns(env_name, n)
     same_step = gym.vector.AutoresetMode.SAME_STEP
     found = {
-        "gym Sync": lambda: gym_runner("gym Sync", gym.vector.SyncVectorEnv(env_fns, autoreset_mode=same_step)),
+        "gym Sync": lambda: gym_runner("gym Sync", gym.vector.SyncVectorEnv(fns, autoreset_mode=same_step)),
         "gym Async": lambda: gym_runner(
-            "gym Async", gym.vector.AsyncVectorEnv(env_fns, shared_memory=True, autoreset_mode=same_step)
+            "gym Async", gym.vector.AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=same_step)
         ),
+        "ours (default)": lambda: gym_runner("ours (default)", SubprocVecEnv(fns)),
+        "ours in-process": lambda: gym_runner("ours in-process", SubprocVecEnv(fns, num_workers=0)),
+        "ours workers": lambda: gym_runner("ours workers", SubprocVecEnv(fns, num_workers=min(CORES, n))),
     }
-    # Layouts named the same at every N: default (one worker per core), all envs in one worker, one env per worker.
-    default = -(-n // min(n, CORES))
-    layouts = {"ours (default)": None, "ours 1 worker": n, "ours 1 env/worker": 1}
-    seen = set()
-    for label, per_worker in layouts.items():
-        if (per_worker or default) not in seen:
-            seen.add(per_worker or default)
-            found[label] = lambda k=per_worker, lb=label: gym_runner(lb, SubprocVecEnv(env_fns, envs_per_worker=k))
-    found["ours no-shm"] = lambda: gym_runner("ours no-shm", SubprocVecEnv(env_fns, shared_memory=False))
     try:
         from stable_baselines3.common.vec_env import SubprocVecEnv as SB3SubprocVecEnv
 
         def sb3():
-            env = SB3SubprocVecEnv(env_fns)
+            env = SB3SubprocVecEnv(fns)
             env.reset()
 
             def step(actions):
@@ -119,24 +125,77 @@ def measure(runner: Runner, actions: np.ndarray, seconds: float) -> float:
             return steps / elapsed
 
 
-def peak_rss_mb(pids) -> list[float]:
-    out = []
-    for pid in pids:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                out.append(int(line.split()[1]) / 1024)
-    return out
+def draw_actions(env_name: str, n: int) -> np.ndarray:
+    action_n = 2 if env_name == "CartPole-v1" else 4
+    return np.random.default_rng(0).integers(0, action_n, size=(100 if env_name == "CartPole-v1" else 20, n))
 
 
+# ------------------------------------------------------------------------------------------------------- PufferLib
+def puffer_python() -> str:
+    """PufferLib's own venv: this project and pufferlib-core (its torch==2.9.0 pin left out: torch is already here)."""
+    python = PUFFER_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {PUFFER_VENV} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(PUFFER_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build on this disk; any torch would do
+        subprocess.run([*pip, "-e", str(REPO)], check=True)
+        subprocess.run([*pip, "--no-deps", "pufferlib-core"], check=True)
+        subprocess.run([*pip, "psutil"], check=True)
+    return str(python)
+
+
+def puffer_measure(env_name: str, n: int, workers: int, seconds: float) -> float:
+    """Runs in PufferLib's venv: steps/s of pufferlib.vector.Multiprocessing with `workers` busy-waiting workers."""
+    import pufferlib.emulation
+    import pufferlib.vector
+
+    fns = env_fns(env_name, n)
+    creators = [functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=fn) for fn in fns]
+    vecenv = pufferlib.vector.make(creators, env_args=[[]] * n, env_kwargs=[{}] * n, num_envs=n, num_workers=workers,
+                                   batch_size=n, overwork=True, backend=pufferlib.vector.Multiprocessing)  # fmt: skip
+    vecenv.async_reset(0)
+    vecenv.recv()
+
+    def step(actions):
+        vecenv.send(actions)
+        return vecenv.recv()
+
+    try:
+        return measure(Runner("PufferLib", vecenv, step, vecenv.close), draw_actions(env_name, n), seconds)
+    finally:
+        vecenv.close()
+
+
+def puffer_runs(env_name: str, n: int, seconds: float) -> float:
+    """PufferLib's best of 1 and 2 workers (the worker count must divide N), each in a fresh process."""
+    best = 0.0
+    for workers in sorted({w for w in (1, 2) if n % w == 0}):
+        cmd = [puffer_python(), __file__, "--puffer-child", env_name, str(n), str(workers), str(seconds)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if out.returncode:
+            print(f"PufferLib {env_name} N={n} workers={workers} failed:\n{out.stderr[-2000:]}", flush=True)
+            continue
+        best = max(best, json.loads(out.stdout.splitlines()[-1]))
+    return best
+
+
+# ------------------------------------------------------------------------------------------------------------ main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Breakout"])
     parser.add_argument("--num-envs", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="minimum length of one measurement")
+    parser.add_argument("--puffer", action="store_true", help="also PufferLib, from benchmarks/.venv-pufferlib")
     parser.add_argument("--quick", action="store_true", help="N=8 only, 2 repetitions")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG from the last JSON, measure nothing")
+    parser.add_argument("--puffer-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.puffer_child:
+        env_name, n, workers, seconds = args.puffer_child
+        print(json.dumps(puffer_measure(env_name, int(n), int(workers), float(seconds))))
+        return
     if args.replot:
         saved = json.loads((RESULTS / "vecenv_throughput.json").read_text())
         plt = pyplot()
@@ -146,24 +205,21 @@ def main() -> None:
     if args.quick:
         args.num_envs, args.repetitions = [8], 2
 
-    results = []  # dicts: env, n, backend, samples (steps/s)
-    rss = {}
+    results, layouts = [], {}  # results: dicts of env, n, backend, samples (steps/s)
     for env_name in args.envs:
         for n in args.num_envs:
-            runners = {}
-            for name, build in builders(env_name, n).items():
-                runners[name] = build()
-            rng = np.random.default_rng(0)
-            action_n = runners["gym Sync"].env.single_action_space.n
-            actions = rng.integers(0, action_n, size=(100 if env_name == "CartPole-v1" else 20, n))
-            samples = {name: [] for name in runners}
+            runners = {name: build() for name, build in builders(env_name, n).items()}
+            layouts[f"{env_name}, N={n}"] = runners["ours (default)"].env.layout
+            actions = draw_actions(env_name, n)
+            samples = {name: [] for name in [*runners, *(["PufferLib"] if args.puffer else [])]}
             for rep in range(args.repetitions):
-                order = list(runners) if rep % 2 == 0 else list(reversed(runners))  # A B C, then C B A
+                order = list(samples) if rep % 2 == 0 else list(reversed(samples))  # A B C, then C B A
                 for name in order:
-                    samples[name].append(measure(runners[name], actions, args.seconds))
-            for name, runner in runners.items():
-                if isinstance(runner.env, SubprocVecEnv):
-                    rss[f"{env_name} N={n} {name}"] = peak_rss_mb(runner.env.worker_pids)
+                    if name == "PufferLib":
+                        samples[name].append(puffer_runs(env_name, n, args.seconds))
+                    else:
+                        samples[name].append(measure(runners[name], actions, args.seconds))
+            for runner in runners.values():
                 runner.close()
             sync = float(np.median(samples["gym Sync"]))
             for name, values in samples.items():
@@ -175,30 +231,31 @@ def main() -> None:
                     f"{env_name:12s} N={n:<3d} {name:18s} {median:10.0f} steps/s  {median / sync:5.2f}x Sync",
                     flush=True,
                 )
-    write_report(results, rss, args)
+    write_report(results, layouts, args)
 
 
-def write_report(results, rss, args) -> None:
-    machine = MACHINE
+def write_report(results, layouts, args) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     lines = [
         f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), and the ratio",
-        f"to gymnasium's SyncVectorEnv at the same N. Machine: {machine}.",
-        "Command: `python benchmarks/vecenv_throughput.py`.",
-        "ours (default): one worker per core; 1 worker: all envs in one worker process; 1 env/worker: a process each;",
-        "no-shm: default layout with observations pickled over the pipe. '-': the layout equals the default there.",
+        f"to gymnasium's SyncVectorEnv at the same N. Machine: {MACHINE}.",
+        f"Command: `python benchmarks/vecenv_throughput.py{' --puffer' if args.puffer else ''}`.",
+        "ours (default): the layout SubprocVecEnv measures and picks (below); in-process: every env in the",
+        f"calling process; workers: one worker per core ({CORES}). PufferLib: Multiprocessing, best of 1 and 2",
+        "workers.",
         "",
         "| env | N | " + " | ".join(backends) + " |",
         "|---|---|" + "---|" * len(backends),
     ]
     for env_name, n in dict.fromkeys((r["env"], r["n"]) for r in results):
         row = {r["backend"]: r for r in results if r["env"] == env_name and r["n"] == n}
-        cells = [f"{row[b]['median'] / 1000:.1f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends]
+        cells = [f"{row[b]['median'] / 1000:.2f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends]
         lines.append(f"| {env_name} | {n} | " + " | ".join(cells) + " |")
-    lines += ["", "Peak RSS per SubprocVecEnv worker (MiB): " + "; ".join(f"{k}: {max(v):.0f}" for k, v in rss.items())]
-    plt = save("vecenv_throughput", lines, {"results": results})
+    lines += ["", "The layout ours (default) picked, with what it measured:", ""]
+    lines += [f"- {key}: {layout}" for key, layout in layouts.items()]
+    plt = save("vecenv_throughput", lines, {"results": results, "layouts": layouts})
     if plt is not None:
-        plot(plt, results, machine)
+        plot(plt, results, MACHINE)
 
 
 def plot(plt, results, machine) -> None:
@@ -222,4 +279,5 @@ def plot(plt, results, machine) -> None:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()

@@ -3,7 +3,7 @@ path for SIGINT and SIGTERM, checkpoint files, and evaluation episodes. No hyper
 
     def main(args):
         check_args(args)                                      # FlagError: exit status 2, nothing started
-        run_dir = make_run_dir(args.env_id, args.exp_name, args.seed)
+        run_dir = make_run_dir(args)                          # runs/<env>__<exp_name>__<seed>__<time>
         with SubprocVecEnv(...) as envs, open_writer(run_dir, args) as writer, on_stop(save):
             ...                                               # Stopped: save() runs, then writer and envs close
 
@@ -418,16 +418,13 @@ class Checkpoints:
         self.script, self.args, self.modules = script, args, modules
         self.steps_per_iteration, self.world_size = steps_per_iteration, world_size
 
-    def state(self, done: int, rng: np.random.Generator | list, **extras: Any) -> dict:
-        """The checkpoint after `done` iterations; rng: this process's generator, or every rank's generator state."""
-        rng = [rng.bit_generator.state] if isinstance(rng, np.random.Generator) else rng
-        return {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size,
-                "iteration": done, "global_step": done * self.steps_per_iteration, "rng": rng, **extras,
-                **{name: module.state_dict() for name, module in self.modules.items()}}  # fmt: skip
-
-    def save(self, path: Path, done: int, rng: np.random.Generator | list, **extras: Any) -> Path:
-        """Writes the checkpoint after `done` iterations to path (atomically); returns path."""
-        save_checkpoint(path, self.state(done, rng, **extras))
+    def save(self, path: Path | str, done: int, rng: np.random.Generator | list, **extras: Any) -> Path | str:
+        """Writes the checkpoint after `done` iterations to path (atomically) and returns path. rng: this process's
+        generator, or every rank's generator state (None where unknown)."""
+        state = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size,
+                 "iteration": done, "global_step": done * self.steps_per_iteration, **extras,
+                 "rng": [rng.bit_generator.state] if isinstance(rng, np.random.Generator) else rng}  # fmt: skip
+        save_checkpoint(path, state | {name: module.state_dict() for name, module in self.modules.items()})
         return path
 
     def resume(self, path: str, same: dict[str, Any], num_iterations: int) -> dict:

@@ -251,10 +251,11 @@ def test_evaluate_counts_whole_episodes_only():
 def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
     """Each rank holds a different local value; all must get their mean (what decides the early stop on every rank)."""
     (tmp_path / "ranks.py").write_text(
-        "import torch, torch.distributed as dist\n"
+        "import os, torch, torch.distributed as dist\n"
         "from common import experiment\n"
         "dist.init_process_group('gloo')\n"
-        "print(experiment.mean_over_ranks(torch.tensor([1.0 + 2.0 * dist.get_rank()])).item(), flush=True)\n"
+        "mean = experiment.mean_over_ranks(torch.tensor([1.0 + 2.0 * dist.get_rank()])).item()\n"
+        "os.write(1, f'{mean}\\n'.encode())  # one write: the ranks' lines do not interleave\n"
         "dist.destroy_process_group()\n"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ranks.py"]

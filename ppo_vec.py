@@ -110,7 +110,7 @@ def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
     """A thunk building env `idx`, normalized above RecordEpisodeStatistics as the flags ask (obs_rms: frozen)."""
 
     def thunk():
-        env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video and idx == 0 else None)
+        env = gym.make(args.env_id, **{"render_mode": "rgb_array"} if args.capture_video and idx == 0 else {})
         if args.capture_video and idx == 0:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         env = gym.wrappers.FlattenObservation(env)

@@ -13,9 +13,10 @@ a finished env is reset within the same step, its last observation and info are 
 Layout: each worker process steps ``envs_per_worker`` envs per round trip. Observations, actions, rewards and flags
 live in one shared-memory block that workers write in place; the pipe carries a one-byte command and a one-byte
 reply, plus pickled infos only when an env reports any (or the observation space cannot live in shared memory). By
-default the layout is measured: when one env step costs less than a worker's round trip (CartPole on few cores),
-the envs step in the calling process instead, with the same results, API and errors (``num_workers=0`` asks for
-that; it cannot bound or restart a step, so ``step_timeout`` and ``max_restarts`` need workers).
+default the layout is measured: where a process round trip costs more than the envs it would spread (8 CartPoles
+on 2 cores), the envs step in the calling process instead, with the same results, API and errors
+(``num_workers=0`` asks for that; it cannot bound or restart a step, so ``step_timeout`` and ``max_restarts``
+need workers).
 
 Failures: any failure in a worker (an exception in env code, a crash, a kill) reaches the caller as ``WorkerError``
 naming the env, the command and the remote traceback. Every wait on a worker is bounded: by ``step_timeout`` when
@@ -31,6 +32,7 @@ forkserver left in the temp dir.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import multiprocessing as mp
@@ -467,53 +469,60 @@ def _lifeline() -> tuple[socket.socket, socket.socket]:
     return _lifelines[os.getpid()]
 
 
-class _NullEnv(gym.Env):
-    """An env that does nothing: what the workers' own cost is measured with."""
+class _StandInEnv(gym.Env):
+    """An env that keeps the CPU busy for `seconds` per step and ends an episode every `length` steps with `info`:
+    what a layout is timed with, in place of the real envs (which must not be stepped before the user resets them)."""
 
     observation_space = Box(-1.0, 1.0, (1,), np.float32)
     action_space = Discrete(2)
+
+    def __init__(self, seconds: float = 0.0, length: float = math.inf, info: dict | None = None, offset: int = 0):
+        self.seconds, self.length, self.info, self.t = seconds, length, info or {}, offset
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         return np.zeros(1, np.float32), {}
 
     def step(self, action):
-        return np.zeros(1, np.float32), 0.0, False, False, {}
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        self.t += 1
+        done = self.t % self.length < 1
+        return np.zeros(1, np.float32), 0.0, done, False, self.info if done else {}
 
 
-_round_trips: dict[tuple, float] = {}
+def _measure_layout(n: int, step: float, length: float, info: dict, **layout: Any) -> float:
+    """Median seconds of one step of `n` stand-in envs like the probe (`step` seconds, episodes of `length` steps
+    ending with `info`) in the given layout, from about 0.2 s of stepping: commands, wake-ups, replies and infos
+    included, and how well workers really run side by side here, which is not always as well as there are cores."""
+    env_fns = [functools.partial(_StandInEnv, step, round(length) if length < math.inf else math.inf, info, i * 7)
+               for i in range(n)]  # fmt: skip
+    with SubprocVecEnv(env_fns, **layout) as envs:
+        envs.reset(seed=0)
+        actions, samples, start = np.zeros(n, np.int64), [], time.perf_counter()
+        while len(samples) < 200 and (len(samples) < 10 or time.perf_counter() - start < 0.2):
+            tick = time.perf_counter()
+            envs.step(actions)
+            samples.append(time.perf_counter() - tick)
+    return float(np.median(samples[len(samples) // 4 :]))  # the first steps wake processes that were just started
 
 
-def _measure_round_trip(workers: int, context: str, spin: float) -> float:
-    """Median seconds of one step through `workers` worker processes whose envs do nothing: what stepping in workers
-    costs beyond the env steps themselves (commands, wake-ups, replies). Measured once per process and layout."""
-    key = (workers, context, spin)
-    if key not in _round_trips:
-        with SubprocVecEnv([_NullEnv] * workers, num_workers=workers, context=context, worker_spin=spin) as envs:
-            envs.reset(seed=0)
-            actions, samples = np.zeros(workers, np.int64), []
-            for i in range(300):
-                start = time.perf_counter()
-                envs.step(actions)
-                if i >= 50:  # the first ones wake processes that were just started
-                    samples.append(time.perf_counter() - start)
-        _round_trips[key] = float(np.median(samples))
-    return _round_trips[key]
-
-
-def _measure_step(env_fn: Callable[[], gym.Env]) -> float:
-    """Mean seconds of one env step (resets included, with random actions), in a probe env built here."""
+def _measure_step(env_fn: Callable[[], gym.Env]) -> tuple[float, float, dict]:
+    """Mean seconds of one env step (resets included, with random actions), steps per episode, and the info of an
+    episode's end, from a probe env built here."""
     env = env_fn()
     try:
         env.action_space.seed(0)
         actions = [env.action_space.sample() for _ in range(200)]
         env.reset(seed=0)
-        steps, start = 0, time.perf_counter()
+        steps, ends, final_info, start = 0, 0, {}, time.perf_counter()
         while steps < len(actions) and (steps < 10 or time.perf_counter() - start < 0.02):
-            _, _, terminated, truncated, _ = env.step(actions[steps])
+            _, _, terminated, truncated, info = env.step(actions[steps])
             if terminated or truncated:
+                ends, final_info = ends + 1, info
                 env.reset()
             steps += 1
-        return (time.perf_counter() - start) / steps
+        return (time.perf_counter() - start) / steps, steps / max(ends, 1) if ends else math.inf, final_info
     finally:
         try:
             env.close()
@@ -527,11 +536,11 @@ class SubprocVecEnv(VectorEnv):
 
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
-        num_workers: worker processes; 0 steps every env in this process. None: measure one env step (in a probe
-            env built here) and a worker's round trip, step in this process when the envs of a step cost less than
-            the round trip, else use one worker per CPU core (at most one per env). The figures and the choice are
-            in `layout`, `step_seconds` and `round_trip_seconds`. Workers are used whenever `step_timeout` or
-            `max_restarts` is set.
+        num_workers: worker processes; 0 steps every env in this process. None: time one env step (in a probe env
+            built here), then a step of num_envs stand-in envs that take that long, in this process and in one
+            worker per CPU core (at most one per env); workers if they are at least 10% faster. The figures and
+            the choice are in `layout`, `step_seconds`, `in_process_seconds` and `workers_seconds`. Workers are
+            used whenever `step_timeout` or `max_restarts` is set.
         envs_per_worker: envs stepped by each worker per round trip (instead of num_workers).
         context: multiprocessing start method, "forkserver" (default where available), "spawn" or "fork".
         shared_memory: keep observations in shared memory (no pickling). Spaces that cannot live there
@@ -598,13 +607,16 @@ class SubprocVecEnv(VectorEnv):
 
         # Layout: measured, asked for, or workers when steps must be bounded or restarted
         context = context or _default_context()
-        self.step_seconds = self.round_trip_seconds = None
+        self.step_seconds = self.in_process_seconds = self.workers_seconds = None
         if envs_per_worker is None and num_workers is None and step_timeout is None and not max_restarts:
-            self.step_seconds = step = _measure_step(env_fns[-1])  # the last env: env 0 often records video
+            step, length, info = _measure_step(env_fns[-1])  # the last env: env 0 often records video
+            like_the_probe = (min(step, 0.002), length, info)  # costlier steps only favour workers more
+            self.step_seconds, self.in_process_seconds = step, _measure_layout(n, *like_the_probe, num_workers=0)
             if workers > 1:
-                self.round_trip_seconds = _measure_round_trip(workers, context, spin(workers))
-            if workers == 1 or n * step <= self.round_trip_seconds + -(-n // workers) * step:
-                workers = 0  # this process steps them faster than any spread over the cores would
+                layout = {"num_workers": workers, "context": context, "worker_spin": spin(workers)}
+                self.workers_seconds = _measure_layout(n, *like_the_probe, **layout)
+            if workers == 1 or self.workers_seconds > 0.9 * self.in_process_seconds:
+                workers = 0  # workers must be clearly faster: a step in this process is easier to debug, can't crash
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         self._slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(self._slices) if workers else 0
@@ -613,9 +625,10 @@ class SubprocVecEnv(VectorEnv):
             f"{n} envs in this process" if workers == 0 else f"{n} envs in {self.num_workers} worker processes"
         )
         if self.step_seconds is not None:
-            self.layout += f" (measured: one env step {self.step_seconds * 1e6:.0f} us"
-            if self.round_trip_seconds is not None:
-                self.layout += f"; a step through {min(cores, n)} workers, {self.round_trip_seconds * 1e6:.0f} us more"
+            self.layout += f" (measured: one env step {self.step_seconds * 1e6:.0f} us; one step of {n} such envs"
+            self.layout += f" {self.in_process_seconds * 1e6:.0f} us in this process"
+            if self.workers_seconds is not None:
+                self.layout += f", {self.workers_seconds * 1e6:.0f} us in {min(cores, n)} workers"
             self.layout += ")"
 
         self._procs: list = []

@@ -47,3 +47,6 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, script, args, steps_per_i
         assert resumed["norm"]["obs_rms"][0]["count"] == pytest.approx(4 * 32 + 2, abs=0.01)
     steps = [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]]
     assert steps == [steps_per_iteration * i for i in range(1, 5)]  # one curve, continued by the resumed run
+    out = run_script(script, resume, first)  # once more: nothing left to do
+    assert out.returncode == 0 and "that run finished its 4 iterations already; nothing to do" in out.stdout
+    assert only_run_dir(first) == run_dir and out.stderr == ""

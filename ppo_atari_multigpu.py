@@ -22,7 +22,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common import experiment
 from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv, ScreenSpace
-from common.experiment import FlagError, RunError
+from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
 
 
@@ -201,10 +201,8 @@ def sample(policy: tuple, rng: np.random.Generator) -> np.ndarray:
 
 
 def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimates over a rollout; rewards, values, ends: (num_steps, num_envs) numpy arrays.
-
-    next_value (num_envs,) is V after the last step; ends[t] is 1.0 where step t ended its episode, cutting the trace.
-    Truncation is not termination: for a truncated step the caller has added `gamma * V(final_obs)` to rewards[t]."""
+    """GAE over a rollout of (num_steps, num_envs) arrays: ends[t] is 1.0 where step t ended its episode, next_value V
+    after the last step. Truncation is not termination: the caller added `gamma * V(final_obs)` to a truncated step."""
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
@@ -238,8 +236,8 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> int:
     return int(action_space.n)
 
 
-def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False) -> list[float]:
-    """Greedy-action raw scores of a checkpoint's policy over `episodes` full games (videos in eval/)."""
+def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False, writer=None) -> list[float]:
+    """Raw scores of a checkpoint's greedy policy over full games, printed (and logged as eval/episodic_return)."""
     checkpoint = experiment.load_checkpoint(path, "--eval-checkpoint", "ppo_atari_multigpu.py")
     saved = experiment.saved_args(checkpoint, Args)
     env = make_env(saved.env_id, 0, capture_video, Path(path).parent / "eval")()
@@ -250,7 +248,9 @@ def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool
         with torch.inference_mode():
             return agent.get_policy(torch.as_tensor(np.asarray(obs), device=device)[None])[0].argmax().item()
 
-    return experiment.evaluate(env, act, episodes, saved.seed + 10_000)  # seeds the training envs never used
+    returns = experiment.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
+    print(f"eval: mean score {np.mean(returns):.2f} over {len(returns)} games: {returns}")
+    return returns
 
 
 def main(args: Args) -> None:
@@ -267,8 +267,7 @@ def main(args: Args) -> None:
     torch.set_num_threads(args.num_threads or cores)
     if args.eval_checkpoint is not None:
         if is_main:
-            returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
-            print(f"eval: mean score {np.mean(returns):.2f} over {len(returns)} games: {returns}")
+            evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
         return
     local_batch_size = args.local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
@@ -326,7 +325,6 @@ def main(args: Args) -> None:
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
         progress = experiment.Progress(args.total_timesteps, global_step, speaks=is_main)
-        recent_returns = deque(maxlen=20)
         next_obs, _ = envs.reset(seed=first_seed)
 
         for iteration in range(start_iteration, num_iterations + 1):
@@ -343,7 +341,8 @@ def main(args: Args) -> None:
                 env_start = time.perf_counter()
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
-                rewards[step], ends[step] = reward, terminations | truncations
+                rewards[step] = reward
+                ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep the observation it ended on, for V(final_obs) below
                 cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
                 if "episode" in infos.get("final_info", {}):
@@ -420,20 +419,12 @@ def main(args: Args) -> None:
                 if args.target_kl is not None and experiment.mean_over_ranks(approx_kl) > args.target_kl:
                     break  # decided on the mean over ranks: a rank stopping alone would hang the others' all-reduce
             update_time = time.perf_counter() - update_start
-            losses = experiment.mean_over_ranks(torch.stack([torch.stack(values).mean() for values in stats.values()]))
-            losses = dict(zip(stats, losses.tolist(), strict=True))
-            if not (np.isfinite(list(losses.values())).all() and all(p.isfinite().all() for p in agent.parameters())):
-                raise RunError(  # the weights are the same on every rank, so every rank stops here, together
-                    f"iteration {iteration} (global_step {global_step}): the loss or the weights became "
-                    "NaN/Inf; look for NaN/Inf in observations or rewards, or lower --learning-rate"
-                )
+            losses = experiment.mean_losses(stats)
+            # the weights are the same on every rank, so every rank stops here, together
+            experiment.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
 
             # LOGGING
             rank_episodes, restarts = zip(*experiment.all_ranks((episodes, envs.restarts)), strict=True)
-            for step, episodic_return, episodic_length in [episode for e in rank_episodes for episode in e]:
-                recent_returns.append(episodic_return)
-                writer.add_scalar("charts/episodic_return", episodic_return, step)
-                writer.add_scalar("charts/episodic_length", episodic_length, step)
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -441,7 +432,8 @@ def main(args: Args) -> None:
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
-            progress.log(writer, global_step, list(recent_returns), timings, restarts=sum(restarts))
+            episodes = [episode for e in rank_episodes for episode in e]
+            progress.log(writer, global_step, episodes, timings, restarts=sum(restarts))  # charts/episodic_*, SPS
 
             if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
                 rng_states = experiment.all_ranks(rng.bit_generator.state)
@@ -457,10 +449,7 @@ def main(args: Args) -> None:
             checkpoints.save(model_path, num_iterations, [rng.bit_generator.state] + [None] * (world_size - 1))
             print(f"model saved to {model_path}")
             if args.eval_episodes:
-                returns = evaluate(model_path, args.eval_episodes, device)
-                for idx, episodic_return in enumerate(returns):
-                    writer.add_scalar("eval/episodic_return", episodic_return, idx)
-                print(f"eval: mean score {np.mean(returns):.2f} over {len(returns)} games")
+                evaluate(model_path, args.eval_episodes, device, writer=writer)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,14 @@
     python ppo_vec.py --resume runs/<run_name>/checkpoint.pt      # continue a stopped (or checkpointed) run
     python ppo_vec.py --eval-checkpoint runs/<run_name>/checkpoint.pt
 
-A truncated step is bootstrapped with `gamma * V(final_obs)`; only a termination means "no future value". Box
-actions: a diagonal Gaussian, clipped to the bounds in the env. Each env normalizes its rewards, and for Box actions
-its observations, by running statistics (--no-norm-reward, --no-norm-obs); returns are logged raw. Ctrl-C or SIGTERM
-writes runs/<run_name>/checkpoint.pt (exit 130/143), as --checkpoint-interval N does every N iterations.
+Truncation is bootstrapped with `gamma * V(final_obs)`; only termination means "no future value". Box actions: a
+diagonal Gaussian, clipped in the env. Rewards are scaled by a running std of each env's discounted return, Box
+observations normalized per env (--no-norm-reward, --no-norm-obs). Ctrl-C or SIGTERM saves runs/<run>/checkpoint.pt.
 """
 
 import os
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from common import experiment
-from common.experiment import FlagError, RunError
+from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
 
 
@@ -122,12 +121,26 @@ def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
                 if obs_rms is not None:
                     env.obs_rms, env.update_running_mean = obs_rms, False
                 env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-        if args.norm_reward:
-            env = gym.wrappers.NormalizeReward(env, gamma=args.gamma)
-            env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         return env
 
     return thunk
+
+
+class RewardScaler(nn.Module):
+    """gymnasium's NormalizeReward and a clip to +-10, each env's numbers, for all envs at once (a wrapper cost 3x)."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        super().__init__()
+        self.gamma = gamma
+        for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
+            self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))
+
+    def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
+        returns = self.returns.numpy() * self.gamma * ~terminations + rewards
+        delta, count, total = returns - self.mean.numpy(), self.count.numpy(), self.count.numpy() + 1  # one sample
+        mean, var = self.mean.numpy() + delta / total, (self.var.numpy() * count + delta**2 * count / total) / total
+        self.returns, self.mean, self.var, self.count = map(torch.from_numpy, (returns, mean, var, total))
+        return np.clip(rewards / np.sqrt(var + 1e-8), -10, 10)
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -187,10 +200,8 @@ def sample(policy: tuple, rng: np.random.Generator) -> np.ndarray:
 
 
 def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimates over a rollout; rewards, values, ends: (num_steps, num_envs) numpy arrays.
-
-    next_value (num_envs,) is V after the last step; ends[t] is 1.0 where step t ended its episode, cutting the trace.
-    Truncation is not termination: for a truncated step the caller has added `gamma * V(final_obs)` to rewards[t]."""
+    """GAE over a rollout of (num_steps, num_envs) arrays: ends[t] is 1.0 where step t ended its episode, next_value V
+    after the last step. Truncation is not termination: the caller added `gamma * V(final_obs)` to a truncated step."""
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
@@ -220,10 +231,10 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
     return gym.spaces.flatten_space(obs_space), act_space
 
 
-def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False) -> list[float]:
-    """Greedy-action raw returns of a checkpoint's policy over `episodes` episodes on one env (videos in eval/)."""
+def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False, writer=None) -> list[float]:
+    """Raw returns of a checkpoint's greedy policy on one env, printed (and logged as eval/episodic_return)."""
     checkpoint = experiment.load_checkpoint(path, "--eval-checkpoint", "ppo_vec.py")
-    saved = experiment.saved_args(checkpoint, Args, capture_video=capture_video, norm_reward=False)
+    saved = experiment.saved_args(checkpoint, Args, capture_video=capture_video)
     obs_rms = experiment.merge_rms(checkpoint["norm"]["obs_rms"]) if "obs_rms" in checkpoint["norm"] else None
     env = make_env(saved, 0, Path(path).parent / "eval", obs_rms)()
     agent = Agent(int(np.prod(env.observation_space.shape)), env.action_space).to(device)
@@ -234,28 +245,29 @@ def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool
             out, _ = agent.get_policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
         return (out[0] if agent.continuous else out[0].argmax()).cpu().numpy()
 
-    return experiment.evaluate(env, act, episodes, saved.seed + 10_000)  # seeds the training envs never used
+    returns = experiment.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
+    print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
+    return returns
 
 
-def main(args: Args) -> None:
+def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
     obs_space, action_space = check_args(args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(1)  # a 64-unit MLP gains nothing from more threads, and the env workers need the cores
     if args.eval_checkpoint is not None:
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
-        print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
-        return
+        return evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
-    norm_stats = ["obs_rms"] * (args.norm_obs and continuous) + ["return_rms", "discounted_reward"] * args.norm_reward
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
     agent = Agent(obs_shape[0], action_space).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
-    checkpoints = experiment.Checkpoints("ppo_vec.py", args, {"model": agent, "optimizer": optimizer}, batch_size)
+    scale_rewards = RewardScaler(args.num_envs, args.gamma)
+    modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards}
+    checkpoints = experiment.Checkpoints("ppo_vec.py", args, modules, batch_size)
     iteration, norm = 1, {}  # a stop saves the state after iteration - 1, and the envs' statistics `norm`
     if args.resume is not None:
         same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}
@@ -267,9 +279,6 @@ def main(args: Args) -> None:
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
-
-    def env_seed(done: int) -> int:  # a fresh block of seeds after each checkpoint, as a resumed run starts with
-        return args.seed + done * args.num_envs
 
     env_fns = [make_env(args, i, run_dir) for i in range(args.num_envs)]
     with (
@@ -284,8 +293,8 @@ def main(args: Args) -> None:
         actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
-        progress, recent_returns = experiment.Progress(args.total_timesteps, global_step), deque(maxlen=20)
-        next_obs, _ = envs.reset(seed=env_seed(start_iteration - 1))
+        progress = experiment.Progress(args.total_timesteps, global_step)
+        next_obs, _ = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)  # as in a resumed run
 
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -301,7 +310,8 @@ def main(args: Args) -> None:
                 env_start = time.perf_counter()
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
-                rewards[step], ends[step] = reward, terminations | truncations
+                rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
+                ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep the observation it ended on, for V(final_obs) below
                 cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
                 if "episode" in infos.get("final_info", {}):
@@ -378,19 +388,10 @@ def main(args: Args) -> None:
                 if args.target_kl is not None and experiment.mean_over_ranks(approx_kl) > args.target_kl:
                     break  # decided on the mean over ranks: a rank stopping alone would hang the others' all-reduce
             update_time = time.perf_counter() - update_start
-            losses = experiment.mean_over_ranks(torch.stack([torch.stack(values).mean() for values in stats.values()]))
-            losses = dict(zip(stats, losses.tolist(), strict=True))
-            if not (np.isfinite(list(losses.values())).all() and all(p.isfinite().all() for p in agent.parameters())):
-                raise RunError(
-                    f"iteration {iteration} (global_step {global_step}): the loss or the weights became "
-                    "NaN/Inf; look for NaN/Inf in observations or rewards, or lower --learning-rate"
-                )
+            losses = experiment.mean_losses(stats)
+            experiment.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
 
             # LOGGING
-            for step, episodic_return, episodic_length in episodes:
-                recent_returns.append(episodic_return)
-                writer.add_scalar("charts/episodic_return", episodic_return, step)
-                writer.add_scalar("charts/episodic_length", episodic_length, step)
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -398,22 +399,21 @@ def main(args: Args) -> None:
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
-            progress.log(writer, global_step, list(recent_returns), timings, restarts=envs.restarts)
+            progress.log(writer, global_step, episodes, timings, restarts=envs.restarts)  # charts/episodic_*, SPS
 
-            norm = experiment.get_env_stats(envs, norm_stats)  # as of the weights just trained, for any save
+            norm = experiment.get_env_stats(
+                envs, ["obs_rms"] * (args.norm_obs and continuous)
+            )  # as of the weights just trained, for any save
             if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
                 checkpoints.save(checkpoint_path, iteration, rng, norm=norm)
-                next_obs, _ = envs.reset(seed=env_seed(iteration))  # as a run resumed from here starts its envs
+                next_obs, _ = envs.reset(seed=args.seed + iteration * args.num_envs)  # as a run resumed from here
         iteration += 1  # all done: a stop from here on saves the finished run
 
         if args.save_model:
             checkpoints.save(model_path, num_iterations, rng, norm=norm)
             print(f"model saved to {model_path}")
             if args.eval_episodes:
-                returns = evaluate(str(model_path), args.eval_episodes, device)
-                for idx, episodic_return in enumerate(returns):
-                    writer.add_scalar("eval/episodic_return", episodic_return, idx)
-                print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes")
+                evaluate(str(model_path), args.eval_episodes, device, writer=writer)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -216,6 +217,7 @@ class Progress:
 
     def __init__(self, total_steps: int, first_step: int = 0, every: float = 2.0, speaks: bool = True):
         self.total_steps, self.first_step, self.every, self.speaks = total_steps, first_step, every, speaks
+        self.recent_returns = collections.deque(maxlen=20)
         self.start = self.last_print = time.time()
 
     def sps(self, global_step: int) -> int:
@@ -233,18 +235,21 @@ class Progress:
             f"(last {len(returns)}) elapsed={hms(time.time() - self.start)} ETA={hms(eta)} [{split}]"
         )
 
-    def log(
-        self, writer: Any, global_step: int, returns: list[float], timings: dict[str, float], restarts: int
-    ) -> None:
-        """Logs charts/SPS, perf/{part}_seconds and charts/worker_restarts (every rank's), and prints the progress
-        line if `every` seconds have passed since the last one, or at the last step."""
+    def log(self, writer: Any, global_step: int, episodes: list, timings: dict[str, float], restarts: int) -> None:
+        """Logs charts/episodic_return and charts/episodic_length of each finished episode (global step, return,
+        length), charts/SPS, perf/{part}_seconds and charts/worker_restarts (every rank's), and prints the progress
+        line (mean of the last 20 returns) if `every` seconds have passed since the last one, or at the last step."""
+        for step, episodic_return, episodic_length in episodes:
+            self.recent_returns.append(episodic_return)
+            writer.add_scalar("charts/episodic_return", episodic_return, step)
+            writer.add_scalar("charts/episodic_length", episodic_length, step)
         writer.add_scalar("charts/SPS", self.sps(global_step), global_step)
         for name, seconds in timings.items():
             writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
         if self.speaks and (time.time() - self.last_print >= self.every or global_step >= self.total_steps):
             self.last_print = time.time()
-            print(self.line(global_step, returns, timings), flush=True)
+            print(self.line(global_step, list(self.recent_returns), timings), flush=True)
 
 
 @contextlib.contextmanager
@@ -276,6 +281,12 @@ def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     total = tensor.detach().clone()
     torch.distributed.all_reduce(total)
     return total / torch.distributed.get_world_size()
+
+
+def mean_losses(stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    """{name: mean over the update's minibatches and over ranks} from {name: one value per minibatch}."""
+    means = mean_over_ranks(torch.stack([torch.stack(values).mean() for values in stats.values()]))
+    return dict(zip(stats, means.tolist(), strict=True))
 
 
 @contextlib.contextmanager
@@ -432,7 +443,7 @@ class Checkpoints:
         written with the same values of `same` and world size, Finished if its run has no iterations left."""
         checkpoint = load_resume(path, self.script, same | {"world_size": self.world_size}, num_iterations)
         for name, module in self.modules.items():
-            load_state(module, checkpoint[name], "--resume", path)
+            load_state(module, checkpoint.get(name, {}), "--resume", path)
         return checkpoint
 
 
@@ -451,16 +462,26 @@ def load_state(module: Any, state: dict, flag_name: str, path: str) -> None:
         raise FlagError(f"{flag_name} {path} does not fit this run's model ({reason})") from None
 
 
+def check_finite(losses: dict[str, float], module: torch.nn.Module, where: str) -> None:
+    """RunError unless every loss and every weight of module is finite (where: which iteration, for the message)."""
+    if not (np.isfinite(list(losses.values())).all() and all(p.isfinite().all() for p in module.parameters())):
+        raise RunError(f"{where}: the loss or the weights became NaN/Inf; look for NaN/Inf in observations or "
+                       "rewards, or lower --learning-rate")  # fmt: skip
+
+
 def get_env_stats(envs: Any, names: list[str]) -> dict[str, list]:
     """Each env's running statistics (wrapper attributes holding a RunningMeanStd or an array) as tensors, for a
     checkpoint: {name: [one per env]}."""
 
     def tensors(value):
-        if isinstance(value, RunningMeanStd):
-            return {"mean": torch.as_tensor(value.mean), "var": torch.as_tensor(value.var), "count": value.count}
-        return torch.as_tensor(value)
+        return rms_state(value) if isinstance(value, RunningMeanStd) else torch.as_tensor(value)
 
     return {name: [tensors(value) for value in envs.get_attr(name)] for name in names}
+
+
+def rms_state(rms: RunningMeanStd) -> dict:
+    """A RunningMeanStd as a checkpoint holds it (merge_rms([state]) gives it back, exactly)."""
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": rms.count}
 
 
 def set_env_stats(envs: Any, stats: dict[str, list]) -> None:
@@ -481,9 +502,9 @@ def merge_rms(stats: list[dict]) -> RunningMeanStd:
     return merged
 
 
-def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int) -> list[float]:
+def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, writer: Any = None) -> list[float]:
     """Raw returns of `episodes` whole episodes on one env (as RecordEpisodeStatistics reports them), acting with
-    act(obs); closes the env."""
+    act(obs), also logged as eval/episodic_return if a writer is given; closes the env."""
     returns = []
     obs, _ = env.reset(seed=seed)
     while len(returns) < episodes:
@@ -494,4 +515,6 @@ def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int) 
             obs, _ = env.reset()
     with contextlib.suppress(Exception):
         env.close()
+    for idx, episodic_return in enumerate(returns if writer is not None else []):
+        writer.add_scalar("eval/episodic_return", episodic_return, idx)
     return returns

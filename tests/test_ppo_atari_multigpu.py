@@ -53,7 +53,8 @@ def block(source: str, first: str, last: str) -> str:
 # Where both scripts do the same thing, they do it the same way with the same names (each script reads alone, so
 # it is written twice; this keeps the two copies from drifting apart).
 SHARED_BLOCKS = [
-    ("obs[step] = next_obs", "episodes += "),  # rollout step, truncation cuts, episode records
+    ("obs[step] = next_obs", "env_time += "),  # rollout step (ppo_vec.py scales the rewards next)
+    ("ends[step] = ", "episodes += "),  # truncation cuts, episode records
     ("# LOG-PROBS, VALUES", "# UPDATE"),  # the batched pass, the truncation bootstrap, GAE
     ("logratio = newlogprob", "stats[name].append"),  # the losses and what is logged of them
     ("var_y = np.var(returns)", "timings = {"),  # logging

@@ -112,15 +112,11 @@ def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
     assert all(0 < r <= 500 for _, r in scalars["charts/episodic_return"])
 
 
-@pytest.mark.parametrize(
-    ("env_id", "norm_obs", "norm_reward"),
-    [("Pendulum-v1", True, True), ("Pendulum-v1", False, True), ("Pendulum-v1", False, False),
-     ("CartPole-v1", True, True), ("CartPole-v1", True, False)],
-)  # fmt: skip
-def test_envs_normalize_only_what_the_flags_ask(env_id, norm_obs, norm_reward):
+@pytest.mark.parametrize(("env_id", "norm_obs"), [("Pendulum-v1", True), ("Pendulum-v1", False), ("CartPole-v1", True)])
+def test_envs_normalize_only_what_the_flags_ask(env_id, norm_obs):
     """The env a run trains on, against the plain env stepped with the same actions: observations are normalized only
-    for Box actions with --norm-obs, rewards for any env with --norm-reward."""
-    env = ppo_vec.make_env(ppo_vec.Args(env_id=env_id, norm_obs=norm_obs, norm_reward=norm_reward), 0, "unused")()
+    for Box actions with --norm-obs; rewards come out raw (RewardScaler scales them in the trainer)."""
+    env = ppo_vec.make_env(ppo_vec.Args(env_id=env_id, norm_obs=norm_obs), 0, "unused")()
     plain = gym.make(env_id)
     obs, _ = env.reset(seed=3)
     plain_obs, _ = plain.reset(seed=3)
@@ -134,7 +130,28 @@ def test_envs_normalize_only_what_the_flags_ask(env_id, norm_obs, norm_reward):
         same_obs.append(np.allclose(obs, plain_obs))
         same_rewards.append(np.isclose(reward, plain_reward))
     assert not any(same_obs[1:]) if norm_obs and box else all(same_obs)
-    assert not any(same_rewards) if norm_reward else all(same_rewards)
+    assert all(same_rewards)
+
+
+def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
+    """RewardScaler over 3 envs at once, against gymnasium's NormalizeReward and a clip to +-10 wrapped around each
+    env, over episodes that end by termination and by truncation: the same numbers, to the bit."""
+    envs = [gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 15 + 10 * i) for i in range(3)]
+    wrapped = [gym.wrappers.ClipReward(gym.wrappers.NormalizeReward(e, gamma=0.95), -10, 10) for e in envs]
+    scaler, rng, ended = ppo_vec.RewardScaler(3, gamma=0.95), np.random.default_rng(0), [0, 0]
+    for i, env in enumerate(wrapped):
+        env.reset(seed=i)
+    for _ in range(300):
+        steps = [env.step(int(rng.integers(2))) for env in wrapped]
+        expected, raw = np.array([s[1] for s in steps]), np.array([1.0] * 3)  # CartPole pays 1 per step
+        terminations, truncations = np.array([s[2] for s in steps]), np.array([s[3] for s in steps])
+        assert np.array_equal(scaler(raw, terminations), expected)
+        ended = [ended[0] + terminations.sum(), ended[1] + (truncations & ~terminations).sum()]
+        for env, terminated, truncated in zip(wrapped, terminations, truncations, strict=True):
+            if terminated or truncated:
+                env.reset()
+    assert ended[0] > 5 and ended[1] > 5  # both kinds of ends were crossed
+    assert not np.allclose(scaler.var.numpy(), scaler.var.numpy()[0])  # each env keeps its own statistics
 
 
 @pytest.mark.parametrize("norm_obs", [True, False])
@@ -147,7 +164,8 @@ def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     assert CLEANRL_TAGS - {"charts/episodic_return", "charts/episodic_length"} <= read_scalars(run_dir).keys()
     checkpoint = torch.load(run_dir / "ppo_vec.cleanrl_model", weights_only=True)
     assert checkpoint["args"]["env_id"] == "Pendulum-v1" and checkpoint["iteration"] == 2
-    assert set(checkpoint["norm"]) == ({"obs_rms"} if norm_obs else set()) | {"return_rms", "discounted_reward"}
+    assert set(checkpoint["norm"]) == ({"obs_rms"} if norm_obs else set())
+    assert checkpoint["reward_scaler"]["count"].tolist() == pytest.approx([64.0001] * 4)  # 64 steps per env
     if norm_obs:  # the statistics the policy was trained under travel with it, one set per env
         assert len(checkpoint["norm"]["obs_rms"]) == 4
         assert all(

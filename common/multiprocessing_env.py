@@ -236,11 +236,15 @@ class _EnvGroup:
         self.obs_space = envs[0].observation_space
         leaves = _leaves(self.obs_space) if obs_in_shm else []
         self.obs_views = [views[f"obs{j}"] for j in range(len(leaves))] if obs_in_shm else None
+        self.one_leaf = self.obs_views[0] if obs_in_shm and len(leaves) == 1 else None  # the common case, made quick
         self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
 
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
         if self.obs_views is None:
             obs_list.append(obs)
+            return
+        if self.one_leaf is not None and getattr(obs, "shape", None) == self.one_leaf.shape[1:]:
+            self.one_leaf[k] = obs
             return
         for view, leaf in zip(self.obs_views, _flatten(self.obs_space, obs), strict=True):
             if np.shape(leaf) != view.shape[1:]:  # numpy would broadcast a scalar into the row without a word

@@ -134,12 +134,13 @@ class RewardScaler(nn.Module):
         self.gamma = gamma
         for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
             self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views, updated in place (loading copies in)
 
     def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
-        returns = self.returns.numpy() * self.gamma * ~terminations + rewards
-        delta, count, total = returns - self.mean.numpy(), self.count.numpy(), self.count.numpy() + 1  # one sample
-        mean, var = self.mean.numpy() + delta / total, (self.var.numpy() * count + delta**2 * count / total) / total
-        self.returns, self.mean, self.var, self.count = map(torch.from_numpy, (returns, mean, var, total))
+        returns, mean, var, count = self.arrays
+        returns[:] = returns * self.gamma * ~terminations + rewards
+        delta, total = returns - mean, count + 1  # RunningMeanStd.update with one sample per env
+        var[:], mean[:], count[:] = (var * count + delta**2 * count / total) / total, mean + delta / total, total
         return np.clip(rewards / np.sqrt(var + 1e-8), -10, 10)
 
 
@@ -288,8 +289,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     ):
         experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.layout}, agent on {device}", run_dir)
         experiment.set_env_stats(envs, norm)  # a resumed run's; a new run's envs start afresh
-        # Rollout storage, allocated once; the update reads it as torch tensors
-        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
+        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # rollout storage, made once
         actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)

@@ -311,6 +311,10 @@ class _EnvGroup:
         _close_envs(self.envs)
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"
+
+
 def _close_envs(envs: list[gym.Env]) -> None:
     for env in envs:
         try:
@@ -625,14 +629,13 @@ class SubprocVecEnv(VectorEnv):
         self._slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(self._slices) if workers else 0
         self.worker_spin = spin(self.num_workers) if workers else 0.0
-        self.layout = (
-            f"{n} envs in this process" if workers == 0 else f"{n} envs in {self.num_workers} worker processes"
-        )
+        envs = "1 env" if n == 1 else f"{n} envs"
+        self.layout = f"{envs} in " + ("this process" if workers == 0 else _plural(self.num_workers, "worker process"))
         if self.step_seconds is not None:
-            self.layout += f" (measured: one env step {self.step_seconds * 1e6:.0f} us; one step of {n} such envs"
+            self.layout += f" (measured: one env step {self.step_seconds * 1e6:.0f} us; one step of {envs}"
             self.layout += f" {self.in_process_seconds * 1e6:.0f} us in this process"
             if self.workers_seconds is not None:
-                self.layout += f", {self.workers_seconds * 1e6:.0f} us in {min(cores, n)} workers"
+                self.layout += f", {self.workers_seconds * 1e6:.0f} us in {_plural(min(cores, n), 'worker')}"
             self.layout += ")"
 
         self._procs: list = []

@@ -4,6 +4,7 @@ traceback, no runs/ folder, no process left behind."""
 from __future__ import annotations
 
 import importlib.util
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -14,15 +15,15 @@ from tests.helpers import REPO, descendants, leftovers, run_script
 VEC, ATARI = REPO / "ppo_vec.py", REPO / "ppo_atari_multigpu.py"
 
 
-@pytest.fixture
-def files(tmp_path):
-    """A text file, a checkpoint of each script, and a module that fails to import, in tmp_path."""
-    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+def write_files(folder):
+    """A text file, a checkpoint of each script, and a module that fails to import, in folder."""
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("not a checkpoint\n")
     for script in ("ppo_vec.py", "ppo_atari_multigpu.py"):
         state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
-        experiment.save_checkpoint(tmp_path / f"{script[:-3]}.pt", state)
-    (tmp_path / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
-    return tmp_path
+        experiment.save_checkpoint(folder / f"{script[:-3]}.pt", state)
+    (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
+    return folder
 
 
 CASES = [
@@ -58,10 +59,27 @@ if importlib.util.find_spec("wandb") is None:
     ]
 
 
-@pytest.mark.parametrize(("script", "flags", "message"), CASES, ids=[" ".join([c[0].stem, *c[1]]) for c in CASES])
-def test_bad_input_is_one_line_and_starts_nothing(files, script, flags, message):
-    before = descendants()
-    out = run_script(script, flags, files, timeout=120, extra_env={"PYTHONPATH": str(files)})
+IDS = [" ".join([c[0].stem, *c[1]]) for c in CASES]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case run at once, 4 at a time (each one's time is mostly importing torch), each in its own folder:
+    {case id: (completed process, folder)}, and the processes alive before."""
+    base, before = tmp_path_factory.mktemp("bad_input"), descendants()
+
+    def run(case):
+        (script, flags, _), folder = case, write_files(base / str(CASES.index(case)) / "cwd")
+        return run_script(script, flags, folder, timeout=120, extra_env={"PYTHONPATH": str(folder)}), folder
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(IDS, pool.map(run, CASES), strict=True)), before
+
+
+@pytest.mark.parametrize(("script", "flags", "message"), CASES, ids=IDS)
+def test_bad_input_is_one_line_and_starts_nothing(outcomes, script, flags, message):
+    results, before = outcomes
+    out, files = results[" ".join([script.stem, *flags])]
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(f"{script.name}: error: "), out.stderr
     assert message in out.stderr, out.stderr

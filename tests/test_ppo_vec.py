@@ -157,6 +157,7 @@ def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
 @pytest.mark.parametrize("norm_obs", [True, False])
 def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     args = [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
+    args += ["--num-workers", "0"]  # the layout plays no part
     out = run_script(SCRIPT, [*args, "--norm-obs" if norm_obs else "--no-norm-obs"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "global_step=256/256" in out.stdout and "eval: mean return" in out.stdout
@@ -232,6 +233,7 @@ def test_truncation_is_bootstrapped_not_terminated(tmp_path):
     args = ["--env-id", "tests.envs:ConstantReward-v0", "--gamma", "0.95", "--learning-rate", "3e-3", "--no-clip-vloss"]
     args += ["--no-norm-reward"]  # V in raw reward units
     args += [*TINY, "--total-timesteps", "12800", "--save-model", "--eval-episodes", "0", "--no-anneal-lr"]
+    args += ["--num-workers", "0"]  # the layout plays no part
     out = run_script(SCRIPT, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     model = torch.load(only_run_dir(tmp_path) / "ppo_vec.cleanrl_model", weights_only=True)["model"]

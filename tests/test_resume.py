@@ -16,8 +16,8 @@ from tests.test_ppo_vec import TINY as VEC_TINY
 @pytest.mark.parametrize(
     ("script", "args", "steps_per_iteration"),
     [
-        (VEC, [*VEC_TINY, "--env-id", "CartPole-v1"], 128),
-        (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1"], 128),  # with each env's normalization statistics
+        (VEC, [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"], 128),  # the layout plays no part
+        (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--num-workers", "0"], 128),  # with each env's statistics
         (ATARI, ATARI_TINY, 16),
     ],
     ids=["ppo_vec-discrete", "ppo_vec-box", "atari"],
@@ -41,7 +41,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, script, args, steps_per_i
     expected = torch.load(only_run_dir(full) / model, weights_only=True)
     resumed = torch.load(run_dir / model, weights_only=True)
     assert resumed["iteration"] == expected["iteration"] == 4 and resumed["rng"] == expected["rng"]
-    for key in ("model", "optimizer", "norm") if script == VEC else ("model", "optimizer"):
+    for key in ("model", "optimizer", "norm", "reward_scaler") if script == VEC else ("model", "optimizer"):
         torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0)
     if "Pendulum-v1" in args:  # statistics of all 4 iterations and both resets, not only of those after the resume
         assert resumed["norm"]["obs_rms"][0]["count"] == pytest.approx(4 * 32 + 2, abs=0.01)

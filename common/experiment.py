@@ -443,7 +443,9 @@ class Checkpoints:
         written with the same values of `same` and world size, Finished if its run has no iterations left."""
         checkpoint = load_resume(path, self.script, same | {"world_size": self.world_size}, num_iterations)
         for name, module in self.modules.items():
-            load_state(module, checkpoint.get(name, {}), "--resume", path)
+            if name not in checkpoint:
+                raise FlagError(f"--resume {path} holds no {name} (an older version of {self.script} wrote it)")
+            load_state(module, checkpoint[name], "--resume", path)
         return checkpoint
 
 

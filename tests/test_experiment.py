@@ -192,6 +192,9 @@ def test_resume_refuses_other_sizes_and_says_when_a_run_is_finished(tmp_path):
     assert checkpoint["iteration"] == 5 and checkpoint["global_step"] == 160 and model.weight.abs().sum() > 0
     with pytest.raises(FlagError, match=r"does not fit this run's model \(Error\(s\) in loading state_dict"):
         Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(3, 1)}, 32, 2).resume(str(path), {}, 10)
+    newer = Checkpoints("s.py", Flags(), {"model": model, "scaler": torch.nn.Linear(1, 1)}, 32, 2)
+    with pytest.raises(FlagError, match=r"holds no scaler \(an older version of s.py wrote it\)"):
+        newer.resume(str(path), {}, 10)
 
 
 def test_env_stats_round_trip_and_merge():

@@ -261,6 +261,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
+    norm_stats = ["obs_rms"] * (args.norm_obs and continuous)  # what each env keeps, and checkpoints with it
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
@@ -401,9 +402,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
             progress.log(writer, global_step, episodes, timings, restarts=envs.restarts)  # charts/episodic_*, SPS
 
-            norm = experiment.get_env_stats(
-                envs, ["obs_rms"] * (args.norm_obs and continuous)
-            )  # as of the weights just trained, for any save
+            norm = experiment.get_env_stats(envs, norm_stats)  # as of the weights just trained, for any save
             if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
                 checkpoints.save(checkpoint_path, iteration, rng, norm=norm)
                 next_obs, _ = envs.reset(seed=args.seed + iteration * args.num_envs)  # as a run resumed from here

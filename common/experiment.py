@@ -517,6 +517,7 @@ def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, 
             obs, _ = env.reset()
     with contextlib.suppress(Exception):
         env.close()
-    for idx, episodic_return in enumerate(returns if writer is not None else []):
-        writer.add_scalar("eval/episodic_return", episodic_return, idx)
+    if writer is not None:
+        for idx, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, idx)
     return returns

@@ -36,7 +36,7 @@ import torch
 import torch.distributed
 from gymnasium.wrappers.utils import RunningMeanStd
 
-from common.multiprocessing_env import WorkerError
+from common.multiprocessing_env import WorkerError, check_layout
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -77,9 +77,11 @@ def check_flags(args: Any, rules: list[tuple[str, bool, str]]) -> None:
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
-    if getattr(args, "num_workers", None) == 0 and (args.step_timeout is not None or args.max_restarts):
-        raise FlagError("--num-workers 0 steps the envs in the trainer, where a step can be neither bounded nor "
-                        "restarted: drop --step-timeout and --max-restarts, or give --num-workers >= 1")  # fmt: skip
+    if hasattr(args, "num_workers"):
+        try:
+            check_layout(args.num_workers, args.step_timeout, args.max_restarts, spell=flag)
+        except ValueError as exc:
+            raise FlagError(str(exc)) from None
 
 
 def plain_name(name: str) -> bool:

@@ -266,8 +266,8 @@ def test_bad_arguments():
         ({"step_timeout": float("inf")}, "step_timeout must be a finite number of seconds > 0, got inf"),
         ({"max_wait": 0}, "max_wait must be a finite number"),
         ({"max_restarts": -1}, "max_restarts must be >= 0"),
-        ({"num_workers": 0, "step_timeout": 1.0}, "step_timeout and max_restarts need worker processes"),
-        ({"num_workers": 0, "max_restarts": 1}, "step_timeout and max_restarts need worker processes"),
+        ({"num_workers": 0, "step_timeout": 1.0}, "num_workers 0 steps the envs in this process, where a step can be"),
+        ({"num_workers": 0, "max_restarts": 1}, "num_workers 0 steps the envs in this process, where a step can be"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             SubprocVecEnv([make_counter], **kwargs)

@@ -1,0 +1,336 @@
+"""Where a SubprocVecEnv's envs live, seen from the calling process: `WorkerPool` (worker processes, each stepping
+a slice of the envs) and `InProcessPool` (every env in the calling process). Both take the same commands (`send`
+them, then `collect` the replies) and report failures the same way: `WorkerError` for an env that raised or a worker
+that died, `WorkerTimeout` for a worker silent past the bound.
+
+A worker's death is seen from its process sentinel, not only from its pipe (an env may have forked a helper that keeps
+the pipe open); no read waits past the bound (the parent reads only what has arrived).
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import pickle
+import select
+import socket
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing import util as mp_util
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+
+from common import processes
+from common.channel import Channel
+from common.shared_arrays import anonymous_file, views
+from common.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, worker_main
+
+_LONGEST_POLL = 3600.0  # seconds; poll() takes an int of milliseconds, so longer waits are made of several
+
+
+class WorkerError(RuntimeError):
+    """An env in a worker process raised, or a worker process died. The message says which, where and why."""
+
+    def __init__(self, message: str, env_indices: Sequence[int], command: str, exitcode: int | None = None):
+        super().__init__(message)
+        self.env_indices = tuple(env_indices)
+        self.command = command
+        self.exitcode = exitcode
+
+
+class WorkerTimeout(TimeoutError, mp.TimeoutError):
+    """Workers did not answer within the bound: the builtin TimeoutError, and multiprocessing's, as gymnasium's own
+    vector envs raise. `env_indices` and `command` say which and what."""
+
+    def __init__(self, message: str, env_indices: Sequence[int], command: str):
+        super().__init__(message)
+        self.env_indices = tuple(env_indices)
+        self.command = command
+
+
+def first_failure(failures: dict[int, Exception]) -> Exception:
+    """The failure of the lowest env index, its message naming the envs that failed too: what is reported, so that the
+    report does not depend on who answered first."""
+    ordered = sorted(failures.values(), key=lambda error: error.env_indices)
+    error = ordered[0]
+    if len(ordered) > 1:
+        error.args = (f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",)
+    return error
+
+
+def _remote_error(payload: tuple, where: str) -> WorkerError:
+    env_index, command, summary, remote_tb = payload
+    message = f"env {env_index} raised {summary} during '{command}' ({where}).\nWorker traceback:\n{remote_tb}"
+    return WorkerError(message, [env_index], command)
+
+
+class InProcessPool:
+    """Every env in this process, stepped by the same code as a worker's, when `collect` is called (as
+    SyncVectorEnv steps in step_wait). Nothing here can be bounded or restarted."""
+
+    def __init__(self, env_fns: list[Callable[[], gym.Env]]):
+        self.slices = [slice(0, len(env_fns))]
+        self.envs: list[gym.Env] = []
+        try:
+            for fn in env_fns:
+                self.envs.append(fn())
+        except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be
+            close_envs(self.envs)
+            raise _remote_error(error_report(len(self.envs), "make", exc), "in this process") from None
+        self.group: EnvGroup | None = None
+        self.pending: dict[int, tuple[Command, Any]] = {}
+        self.replies: dict[int, Any] = {}
+        self.pids: list[int] = []
+
+    def hello(self, timeout: float) -> tuple[list, dict, str | None]:
+        envs = self.envs
+        return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
+
+    def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
+        """A block of `size` bytes for the arrays, and the envs writing into their rows of it."""
+        buffer = bytearray(size)
+        self.group = EnvGroup(self.envs, views(buffer, placed), obs_in_shm)
+        return buffer
+
+    def send(self, w: int, command: Command, arg: Any = None) -> None:
+        self.pending[w] = (command, arg)
+
+    def collect(self, timeout: float) -> dict[int, Exception]:
+        """Runs the command sent; an exception in env code is the failure of worker 0 (this process)."""
+        failures: dict[int, Exception] = {}
+        for w, (command, arg) in list(self.pending.items()):
+            del self.pending[w]
+            try:
+                self.replies[w] = self.group.run(command, arg)
+            except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be
+                failures[w] = _remote_error(error_report(self.group.current, command.label, exc), "in this process")
+        return failures
+
+    def drain(self, timeout: float) -> None:
+        self.pending.clear()
+
+    def close(self, timeout: float) -> None:
+        close_envs(self.envs)
+
+
+class WorkerPool:
+    """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands, waits for replies
+    within a bound, replaces one that failed, and stops them all (helpers their envs started included)."""
+
+    def __init__(self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float):
+        self.slices, self.spin = slices, spin
+        self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]  # also to rebuild a failed worker
+        self.ctx, self.fork = processes.get_context(context), context == "fork"
+        self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
+        self.procs: list = []
+        self.conns: list[Channel] = []
+        self.stuck: set[int] = set()  # workers that failed to answer in time: killed, not asked, on close
+        self.poller = select.poll()  # every worker's socket and process sentinel (readable once it exits)
+        self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
+        self.pending: dict[int, Command] = {}  # worker -> command awaiting its reply
+        self.replies: dict[int, Any] = {}
+        self.block_fd: int | None = None
+        self.attach_message = b""
+        self.finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.stuck, close_timeout)
+        for w in range(len(slices)):
+            self._start(w)
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
+    def envs_of(self, w: int) -> list[int]:
+        return list(range(self.slices[w].start, self.slices[w].stop))
+
+    # -------------------------------------------------------------------------------------------------- set-up
+    def hello(self, timeout: float) -> tuple[list, dict, str | None]:
+        """Every env's spaces, and env 0's metadata and render mode, as the workers built them."""
+        self._collect_or_raise(timeout)
+        replies = [self.replies.pop(w) for w in range(len(self.slices))]
+        return [space for reply in replies for space in reply[0]], replies[0][1], replies[0][2]
+
+    def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
+        """Maps one shared block of `size` bytes here and in every worker (each writes its own rows)."""
+        self.attach_message = encode(Command.ATTACH, (size, placed, obs_in_shm))
+        self.block_fd = anonymous_file(size)
+        block = mmap.mmap(self.block_fd, size)
+        for w in range(len(self.slices)):
+            self._attach(w)
+        self._collect_or_raise(timeout)
+        self.replies.clear()
+        return block
+
+    def _attach(self, w: int) -> None:
+        try:
+            self.conns[w].send_fd(self.attach_message, self.block_fd)
+        except OSError:
+            pass  # a dead worker: collect reports it
+        self.pending[w] = Command.ATTACH
+
+    def _collect_or_raise(self, timeout: float) -> None:
+        failures = self.collect(timeout)
+        if failures:
+            raise first_failure(failures)
+
+    def _start(self, w: int) -> None:
+        """Starts worker `w` (afresh after a failure) and watches its socket and sentinel; it answers with spaces."""
+        parent_sock, child_sock = socket.socketpair()
+        keep, give = processes.lifeline()
+        inherited = [c.fd for c in self.conns if c.fd >= 0] + [parent_sock.fileno(), keep.fileno()]
+        args = (self.slices[w].start, self.env_fns_bytes[w], child_sock, give, inherited if self.fork else [],
+                self.spin, self.tmpdir)  # fmt: skip
+        proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
+        proc.start()
+        child_sock.close()
+        conn = Channel(parent_sock)
+        if w < len(self.procs):
+            self.procs[w], self.conns[w] = proc, conn
+        else:
+            self.procs.append(proc)
+            self.conns.append(conn)
+        self.poller.register(conn.fd, select.POLLIN)
+        self.poller.register(proc.sentinel, select.POLLIN)
+        self.fd_owner[conn.fd], self.fd_owner[proc.sentinel] = (w, False), (w, True)
+        self.pending[w] = Command.MAKE
+
+    # ------------------------------------------------------------------------------------------------ commands
+    def send(self, w: int, command: Command, arg: Any = None) -> None:
+        try:
+            self.conns[w].send(encode(command, arg))
+        except OSError:
+            pass  # a dead worker: its sentinel is readable, and collect reports it
+        self.pending[w] = command
+
+    def _wait_for_events(self, deadline: float) -> list[tuple[int, int]]:
+        """poll() until something is ready or the deadline passes (in pieces: poll takes an int of milliseconds)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self.poller.poll(0)
+            events = self.poller.poll(min(remaining, _LONGEST_POLL) * 1000)
+            if events:
+                return events
+
+    def collect(self, timeout: float) -> dict[int, Exception]:
+        """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`; returns the failures
+        (death, error, timeout) by worker. Replies on their way are still collected after a failure. A worker silent
+        past the bound stays pending, so a retried wait takes its reply; one that failed does not."""
+        deadline = time.monotonic() + timeout
+        failures: dict[int, Exception] = {}
+        while self.pending:
+            events = self._wait_for_events(deadline)
+            if not events:
+                stuck = sorted(self.pending)
+                label = self.pending[stuck[0]].label
+                envs = [i for w in stuck for i in self.envs_of(w)]
+                message = f"envs {envs} did not answer '{label}' within {timeout:g} s (workers {stuck})"
+                self.stuck.update(stuck)  # never asked politely again: killed on restart or close
+                failures.update({w: WorkerTimeout(message, self.envs_of(w), label) for w in stuck})
+                break
+            for fd, _ in events:
+                if fd in self.fd_owner:
+                    self._read(*self.fd_owner[fd], failures)
+        return failures
+
+    def _read(self, w: int, is_sentinel: bool, failures: dict[int, Exception]) -> None:
+        """Takes worker w's reply, if a whole one has arrived, or notes its death."""
+        conn = self.conns[w]
+        open_ = conn.pump()
+        msg = conn.message()
+        if msg is None and (is_sentinel or not open_):  # exited, or closed its pipe, without a reply
+            failures[w] = self._death(w)
+            self.pending.pop(w, None)
+            return
+        if msg is None:  # part of a reply: the rest is on its way
+            return
+        if w not in self.pending:  # a reply to nobody: a protocol fault
+            failures[w] = self._death(w)
+            return
+        del self.pending[w]
+        self.stuck.discard(w)
+        status = msg[:1]
+        payload = None if status == Reply.OK else pickle.loads(memoryview(msg)[1:])
+        if status == Reply.ERROR:
+            failures[w] = _remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
+            self._unwatch(w)  # it exits after this reply
+        self.replies[w] = payload
+
+    def _death(self, w: int) -> WorkerError:
+        proc, command = self.procs[w], self.pending.get(w)
+        label = command.label if command else "?"
+        self._unwatch(w)
+        processes.end_processes([proc], grace=2.0)  # collect the exit code; a helper may still hold the pipe open
+        return WorkerError(
+            f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {processes.describe_exit(proc.exitcode)} during "
+            f"'{label}'; close() this SubprocVecEnv and build a new one",
+            self.envs_of(w),
+            label,
+            proc.exitcode,
+        )
+
+    def _unwatch(self, w: int) -> None:
+        """Takes worker `w`'s socket and sentinel out of the poll set: its exit is known, not news."""
+        for fd in (self.conns[w].fd, self.procs[w].sentinel):
+            if self.fd_owner.pop(fd, None) is not None:
+                self.poller.unregister(fd)
+
+    # ------------------------------------------------------------------------------------------ restart, stop
+    def restart(self, w: int, timeout: float, check_spaces: Callable[[int, list], None]) -> tuple:
+        """Replaces worker `w` with a fresh one and resets its envs; returns the reset reply. Raises the failure of
+        the rebuild (WorkerError, WorkerTimeout)."""
+        self._unwatch(w)
+        self.conns[w].close()
+        processes.end_processes([self.procs[w]], grace=0.0)
+        self.pending.pop(w, None)
+        self.replies.pop(w, None)
+        self.stuck.discard(w)
+        self._start(w)
+        n = len(self.envs_of(w))
+        for step in ("make", "attach", "reset"):
+            if step == "attach":
+                self._attach(w)
+            elif step == "reset":
+                self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+            failures = self.collect(timeout)
+            if failures:
+                raise failures[w]
+            reply = self.replies.pop(w)
+            if step == "make":
+                check_spaces(self.slices[w].start, reply[0])
+        return reply
+
+    def drain(self, timeout: float) -> None:
+        """Gives the replies under way (of workers not known to be stuck) up to `timeout` seconds to arrive."""
+        deadline = time.monotonic() + timeout
+        while set(self.pending) - self.stuck and time.monotonic() < deadline:
+            self.collect(deadline - time.monotonic())
+        self.stuck.update(self.pending)
+
+    def close(self, timeout: float) -> None:
+        """Asks every worker to exit, waits up to `timeout`, then kills what is left, helpers included."""
+        self.finalizer.detach()
+        _shutdown(self.procs, self.conns, self.stuck, timeout)
+        if self.block_fd is not None:
+            os.close(self.block_fd)
+            self.block_fd = None
+
+
+def _shutdown(procs: list, conns: list, stuck: set[int], timeout: float) -> None:
+    """Ask workers to exit, wait up to `timeout`, then kill whatever is left, helpers included (also at exit, for a
+    SubprocVecEnv never closed)."""
+    for w, conn in enumerate(conns):
+        if w not in stuck:
+            try:
+                conn.send(encode(Command.CLOSE))
+            except (OSError, ValueError):
+                pass
+    processes.end_processes([proc for w, proc in enumerate(procs) if w in stuck], grace=0.0)
+    processes.end_processes(procs, grace=timeout)
+    for conn in conns:
+        conn.close()
+    procs.clear()
+    conns.clear()

@@ -1,0 +1,84 @@
+"""Processes around a SubprocVecEnv: the start method and what its forkserver preloads, the lifeline workers watch,
+ending a worker with the helpers its envs started, and saying how a process ended."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+# Imported once in the forkserver when the trainer has them, so that workers fork with them loaded. Workers re-run
+# the main script on start (spawn semantics), and CPython's forkserver never preloads it (it looks for a
+# "main_path" key that get_preparation_data does not set): a script importing torch cost every worker seconds.
+FORKSERVER_PRELOAD = ("torch", "torch.utils.tensorboard", "tyro", "gymnasium", "ale_py", "cv2", "numpy", "cloudpickle")
+
+
+def default_context() -> str:
+    # forkserver: fast starts without fork's hazards (threads, CUDA or locks held by the parent).
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def get_context(context: str) -> Any:
+    """multiprocessing's context for `context`; a forkserver preloads the main script and the heavy modules the
+    trainer has loaded (only takes effect before this process's forkserver first starts)."""
+    ctx = mp.get_context(context)
+    if context == "forkserver":
+        ctx.set_forkserver_preload(["__main__", *(m for m in FORKSERVER_PRELOAD if m in sys.modules)])
+    return ctx
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_lifelines: dict[int, tuple[socket.socket, socket.socket]] = {}
+
+
+def lifeline() -> tuple[socket.socket, socket.socket]:
+    """This process's lifeline, made once: it keeps the first end open until it dies; workers watch the second."""
+    if os.getpid() not in _lifelines:
+        _lifelines.clear()  # a forked child's copy belongs to its parent
+        _lifelines[os.getpid()] = socket.socketpair()
+    return _lifelines[os.getpid()]
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL to the process group `pid` leads: the helper processes a worker's envs started."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
+def end_processes(procs: list, grace: float) -> None:
+    """Waits up to `grace` seconds for each process to exit, SIGKILLs what is left, then the process group each one
+    leads (the helpers its envs started). Returns once they are gone (each join bounded)."""
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+    for proc in procs:
+        proc.join(2.0)
+        kill_group(proc.pid)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "closed its pipe without exiting"
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name} (exit code {exitcode})"
+        except ValueError:
+            return f"was killed by signal {-exitcode} (exit code {exitcode})"
+    return f"exited with code {exitcode}"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"

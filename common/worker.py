@@ -1,0 +1,261 @@
+"""The worker side of a SubprocVecEnv: its wire protocol, the loop a worker process runs, and `EnvGroup`, the code that
+steps a slice of the envs into their rows of the shared arrays (the in-process layout runs the same code in the
+calling process).
+
+Protocol: the parent sends a message whose first byte is a `Command`, optionally followed by a pickled argument;
+the worker answers every command with one `Reply` byte, optionally followed by a pickled payload. A worker builds
+its envs as it starts and says hello with their spaces; a failure sends (env index, command, summary, traceback) and
+ends the worker. An unknown command is a protocol fault, reported the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import pickle
+import select
+import shutil
+import signal
+import socket
+import threading
+import traceback
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+
+from common import shared_arrays
+from common.channel import Channel
+
+PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+class Command(enum.Enum):
+    """What the parent asks of a worker: the first byte of a message. MAKE is never sent (a worker builds its envs
+    as it starts); it names that phase in errors."""
+
+    MAKE = b"k"
+    ATTACH = b"m"
+    STEP = b"s"
+    RESET = b"r"
+    CALL = b"c"
+    SET_ATTR = b"a"
+    CLOSE = b"x"
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+_COMMANDS = {command.value: command for command in Command}
+
+
+class Reply:
+    """The first byte of a worker's answer."""
+
+    OK, PAYLOAD, ERROR = b"\x00", b"\x01", b"\x02"
+
+
+def encode(command: Command, arg: Any = None) -> bytes:
+    return command.value if arg is None else command.value + pickle.dumps(arg, PICKLE)
+
+
+def decode(msg: bytes) -> tuple[Command, Any]:
+    """The command and argument of a message; ValueError for a command byte this protocol does not have."""
+    command = _COMMANDS.get(msg[:1])
+    if command is None:
+        raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between the trainer and this worker)")
+    return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
+
+
+def error_report(index: int, command: str, exc: BaseException) -> tuple:
+    """What a failure sends to the parent: env index, command, one-line summary and formatted traceback."""
+    try:
+        summary = f"{type(exc).__qualname__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets reported
+        summary = type(exc).__qualname__
+    return index, command, summary, "".join(traceback.format_exception(exc))
+
+
+def close_envs(envs: list[gym.Env]) -> None:
+    """Closes every env, best effort: what matters is that it ends."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 - a failing close must not keep the others open
+            pass
+
+
+class EnvGroup:
+    """The envs of one worker, writing their results into their rows of the shared arrays. `current` is the env
+    (index within the group) under way, for error reports."""
+
+    def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
+        self.envs, self.views, self.current = envs, views, 0
+        self.obs_space = envs[0].observation_space
+        n_leaves = len(shared_arrays.leaves(self.obs_space)) if obs_in_shm else 0
+        self.obs_views = [views[f"obs{j}"] for j in range(n_leaves)] if obs_in_shm else None
+        self.one_leaf = self.obs_views[0] if n_leaves == 1 else None  # the common case, made quick
+        self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
+        self.handlers = {Command.STEP: self.step, Command.RESET: self.reset, Command.CALL: self.call,
+                         Command.SET_ATTR: self.set_attr}  # fmt: skip
+
+    def run(self, command: Command, arg: Any) -> Any:
+        if command not in self.handlers:
+            raise ValueError(f"an env group cannot run {command}")
+        return self.handlers[command](arg)
+
+    def _store(self, k: int, obs: Any, obs_list: list) -> None:
+        if self.obs_views is None:
+            obs_list.append(obs)
+            return
+        if self.one_leaf is not None and getattr(obs, "shape", None) == self.one_leaf.shape[1:]:
+            self.one_leaf[k] = obs
+            return
+        for view, leaf in zip(self.obs_views, shared_arrays.flatten(self.obs_space, obs), strict=True):
+            if np.shape(leaf) != view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
+                raise ValueError(
+                    f"the observation has shape {np.shape(leaf)}, but its space {self.obs_space} has {view.shape[1:]}"
+                )
+            view[k] = leaf
+
+    def step(self, actions_arg: list | None) -> tuple | None:
+        """Steps every env, resetting finished ones in the same step; None when nothing but the arrays changed."""
+        actions = self.views["actions"] if actions_arg is None else actions_arg
+        views = self.views
+        rewards, terminations, truncations = views["rewards"], views["terminations"], views["truncations"]
+        extras, obs_list = [], []
+        for k, env in enumerate(self.envs):
+            self.current = k
+            action = actions[k].copy() if self.copy_actions and actions_arg is None else actions[k]
+            obs, reward, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                final = (obs, info)
+                obs, info = env.reset()
+                extras.append((k, final, info))
+            elif info:
+                extras.append((k, None, info))
+            rewards[k], terminations[k], truncations[k] = reward, terminated, truncated
+            self._store(k, obs, obs_list)
+        return (obs_list or None, extras) if self.obs_views is None or extras else None
+
+    def reset(self, arg: tuple) -> tuple:
+        seeds, options, mask = arg
+        obs_list, infos = [], []
+        for k, env in enumerate(self.envs):
+            self.current = k
+            if not mask[k]:
+                obs_list.append(None)
+                continue
+            obs, info = env.reset(seed=seeds[k], options=options)
+            infos.append((k, info))
+            self._store(k, obs, obs_list)
+        return obs_list if self.obs_views is None else None, infos
+
+    def call(self, arg: tuple) -> list:
+        name, args, kwargs = arg
+        results = []
+        for k, env in enumerate(self.envs):
+            self.current = k
+            attr = env.get_wrapper_attr(name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return results
+
+    def set_attr(self, arg: tuple) -> None:
+        name, values = arg
+        for k, env in enumerate(self.envs):
+            self.current = k
+            env.set_wrapper_attr(name, values[k])
+
+    def close(self) -> None:
+        close_envs(self.envs)
+
+
+def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
+    """Ends this worker and the helper processes its envs started (it leads their process group). If the trainer is
+    gone (its end of the lifeline closed, seen within `wait` seconds), first removes the folder its forkserver kept in
+    the temp dir: nobody else would."""
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN)
+    if tmpdir and poller.poll(wait * 1000):
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
+def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
+    """Ends this worker once the trainer is gone, however it died: its end of the lifeline closes, and ours reads EOF
+    (nothing is ever sent on it). Runs in a thread, so it wakes while the main thread is busy in env code (as long as
+    that code releases the GIL)."""
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN)
+    while not poller.poll():
+        pass
+    _end(lifeline, tmpdir, wait=0.0)
+
+
+def worker_main(
+    first: int,
+    env_fns_bytes: bytes,
+    sock: socket.socket,
+    lifeline: socket.socket,
+    close_fds: list[int],
+    spin: float,
+    tmpdir: str | None,
+) -> None:
+    """A worker process: builds its envs (env indices from `first`), says hello with their spaces, maps the shared
+    block, then answers commands until told to close; any failure is reported, then the worker ends."""
+    for fd in close_fds:  # fork start: the parent's ends of every pipe, so that its death reads as EOF
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        os.setpgid(0, 0)  # a process group of its own: the helpers its envs start can be ended with it
+    except OSError:
+        pass
+    threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then closes us
+    conn = Channel(sock)
+    envs: list[gym.Env] = []
+    group = None
+    command, k = Command.MAKE, 0  # what the worker is doing, and to which of its envs: named in any error
+    try:
+        env_fns = cloudpickle.loads(env_fns_bytes)
+        for k in range(len(env_fns)):
+            envs.append(env_fns[k]())
+        k = 0
+        spaces = [(env.observation_space, env.action_space) for env in envs]
+        conn.send(Reply.PAYLOAD + pickle.dumps((spaces, envs[0].metadata, envs[0].render_mode), PICKLE))
+
+        command = Command.ATTACH  # map the block the parent laid out from those spaces: this worker's rows only
+        msg, fd = conn.recv_fd()
+        size, placed, obs_in_shm = decode(msg)[1]
+        block = mmap.mmap(fd, size)
+        os.close(fd)
+        views = {name: view[first : first + len(envs)] for name, view in shared_arrays.views(block, placed).items()}
+        group = EnvGroup(envs, views, obs_in_shm)
+        conn.send(Reply.OK)
+
+        while True:
+            conn.spin(spin)
+            command, arg = decode(conn.recv())
+            if command is Command.CLOSE:
+                break
+            reply = group.run(command, arg)
+            conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
+    except EOFError:  # the trainer is gone, or dropped us, without a word: end with our helpers, not after them
+        close_envs(envs)
+        _end(lifeline, tmpdir, wait=0.1)
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent, then this process ends
+        index = first + (group.current if group is not None else k)
+        try:
+            conn.send(Reply.ERROR + pickle.dumps(error_report(index, command.label, exc), PICKLE))
+        except OSError:
+            pass
+    finally:
+        close_envs(envs)
+        conn.close()

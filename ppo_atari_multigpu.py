@@ -230,10 +230,11 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> int:
         ],
     )  # fmt: skip
     experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
-    _, action_space = experiment.check_env_id(args.env_id)
+    experiment.check_env_id(args.env_id)
     if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
         raise FlagError(f"--env-id {args.env_id!r} is not an Atari env id (try BreakoutNoFrameskip-v4 or ALE/Pong-v5)")
-    return int(action_space.n)
+    found = experiment.probe_env(args.env_id, make_env(args.env_id, 0, False, None), args.step_timeout or 600.0)
+    return int(found["spaces"][1].n)
 
 
 def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False, writer=None) -> list[float]:

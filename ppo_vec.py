@@ -15,7 +15,7 @@ observations normalized per env (--no-norm-reward, --no-norm-obs). Ctrl-C or SIG
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -113,6 +113,8 @@ def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
         if args.capture_video and idx == 0:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         env = gym.wrappers.FlattenObservation(env)
+        if isinstance(env.observation_space, gym.spaces.Box) and env.observation_space.dtype != np.float32:
+            env = gym.wrappers.DtypeObservation(env, np.float32)  # the agent's (a Dict flattens to int64 one-hots)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         if isinstance(env.action_space, gym.spaces.Box):
             env = gym.wrappers.ClipAction(env)
@@ -223,13 +225,21 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
         ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
     ])  # fmt: skip
     experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
-    obs_space, act_space = experiment.check_env_id(args.env_id)
-    if not isinstance(obs_space, gym.spaces.Box) or (obs_space.dtype == np.uint8 and len(obs_space.shape) >= 2):
-        atari = "; for image observations use ppo_atari_multigpu.py" if isinstance(obs_space, gym.spaces.Box) else ""
-        raise FlagError(f"--env-id {args.env_id} has observation space {obs_space}; ppo_vec.py needs a flat Box{atari}")
+    experiment.check_env_id(args.env_id)
+    probe = make_env(replace(args, capture_video=False), 0, Path())  # built in a probe process: its spaces, flattened
+    found = experiment.probe_env(args.env_id, probe, args.step_timeout or 600.0)
+    (obs_space, act_space), raw = found["spaces"], found["raw_spaces"][0]
+    if isinstance(raw, gym.spaces.Box) and raw.dtype == np.uint8 and len(raw.shape) >= 2:
+        raise FlagError(f"--env-id {args.env_id} has image observations {raw}; use ppo_atari_multigpu.py")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise FlagError(f"--env-id {args.env_id} has observations {raw}, which do not flatten to a Box (ppo_vec.py "
+                        "flattens Dict, Tuple and Discrete ones)")  # fmt: skip
+    if "--norm-obs" in experiment.given_flags() and not isinstance(act_space, gym.spaces.Box):
+        raise FlagError(f"--norm-obs normalizes the observations of Box-action envs; {args.env_id} has {act_space}: "
+                        "drop the flag (Discrete-action envs learn without, as in CleanRL's ppo.py)")  # fmt: skip
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
         raise FlagError(f"--env-id {args.env_id} has action space {act_space}; ppo_vec.py needs Discrete or a 1-D Box")
-    return gym.spaces.flatten_space(obs_space), act_space
+    return obs_space, act_space
 
 
 def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False, writer=None) -> list[float]:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed
 from gymnasium.wrappers.utils import RunningMeanStd
 
+from common import layout_choice
 from common.multiprocessing_env import WorkerError, check_layout
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -121,9 +122,9 @@ def check_installed(args: Any, needs: dict[str, tuple[str, str]]) -> None:
             raise FlagError(f"{flag(name)} needs {module}, which is not installed: pip install -e '.[{extra}]'")
 
 
-def check_env_id(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Imports the module of a module:EnvId id, checks the id is registered (naming close matches if not), builds
-    the env once and returns its observation and action spaces; FlagError naming --env-id for any of it."""
+def check_env_id(env_id: str) -> None:
+    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches if not);
+    FlagError naming --env-id if not."""
     import difflib
     import importlib
 
@@ -136,18 +137,32 @@ def check_env_id(env_id: str) -> tuple[gym.Space, gym.Space]:
         if module:
             importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - the user's module: say what went wrong in it, in one line
-        raise FlagError(f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc})") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]:
+            hint = (f"; {module} must be importable from here: run from the folder that holds it, add that folder to "
+                    "PYTHONPATH, or pip install its package")  # fmt: skip
+        raise FlagError(f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}") from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise FlagError(f"--env-id {env_id!r} is not a registered gymnasium env{hint}")
+
+
+def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
+    """Builds the env (`make()`, as the script would) once in a probe process: no env code runs here, the build is
+    bounded by `bound` seconds, and whatever the env starts ends with the probe. Returns what the probe found: its
+    "spaces", and "raw_spaces", the unwrapped env's (common/layout_choice.py); FlagError naming --env-id if it fails."""
     try:
-        env = gym.make(env_id)
-    except gym.error.Error as exc:  # a missing extra, such as box2d or mujoco
-        raise FlagError(f"--env-id {env_id} cannot be built here: {exc}") from None
-    with contextlib.suppress(Exception):  # closing is best effort, here as in the env workers
-        env.close()
-    return env.observation_space, env.action_space
+        return layout_choice.probe(make, bound, None, steps=False)
+    except layout_choice.ProbeFailed as exc:  # a missing extra (box2d, mujoco), a broken env, a wrapper refusing it
+        raise FlagError(f"--env-id {env_id} cannot be built here: {exc.summary}") from None
+    except TimeoutError:
+        raise FlagError(f"--env-id {env_id}: building the env did not finish within {bound:g} s") from None
+
+
+def given_flags() -> set[str]:
+    """The flags given on the command line, as spelled there (--norm-obs), whatever their values."""
+    return {arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--")}
 
 
 def make_run_dir(args: Any, root: str = "runs") -> Path:

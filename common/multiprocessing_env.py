@@ -41,7 +41,6 @@ import math
 import multiprocessing as mp
 import warnings
 from collections.abc import Callable, Sequence
-from copy import deepcopy
 from typing import Any
 
 import gymnasium as gym
@@ -52,7 +51,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from common import layout_choice, processes, shared_arrays
 from common.pools import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
-from common.worker import Command
+from common.worker import Command, space_from_key
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout", "check_layout"]
 
@@ -128,9 +127,13 @@ class SubprocVecEnv(VectorEnv):
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
+        self._batched_spaces: list[gym.Space | None] = [None, None]  # observation_space, action_space: made lazily
+        self._space_keys: tuple = ()  # env 0's, which every env's must equal
 
         # Layout: measured, asked for, or workers when steps must be bounded or restarted
         context = context or processes.default_context()
+        if num_workers != 0:
+            processes.check_main_guard(context)
         cores = processes.cores()
         workers = min(cores, n) if num_workers is None else min(num_workers, n)
         if envs_per_worker is not None:
@@ -139,15 +142,15 @@ class SubprocVecEnv(VectorEnv):
         def spin(workers: int) -> float:
             return (300e-6 if workers <= cores else 0.0) if worker_spin is None else worker_spin
 
-        figures: dict[str, float | None] = {"step": None, "in_process": None, "workers": None}
+        figures: dict[str, Any] = {}
         if envs_per_worker is None and num_workers is None and step_timeout is None and not max_restarts:
-            workers, figures = layout_choice.choose(env_fns, workers, context, spin(workers))
+            workers, figures = layout_choice.choose(env_fns, workers, spin(workers), self._bound)
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(slices) if workers else 0
         self.worker_spin = spin(self.num_workers) if workers else 0.0
-        self.step_seconds, self.in_process_seconds = figures["step"], figures["in_process"]
-        self.workers_seconds = figures["workers"]
+        self.step_seconds, self.in_process_seconds = figures.get("step"), figures.get("in_process")
+        self.workers_seconds = figures.get("workers")
         self.layout = layout_choice.describe(n, self.num_workers, figures, min(cores, n))
 
         try:
@@ -327,14 +330,15 @@ class SubprocVecEnv(VectorEnv):
         self.close()
 
     # ---------------------------------------------------------------------------------------------- private
-    def _set_spaces(self, spaces: list, metadata: dict, render_mode: str | None, shared_memory: bool) -> None:
+    def _set_spaces(self, keys: list, first: tuple | None, metadata: dict, render_mode: str | None,
+                    shared_memory: bool) -> None:  # fmt: skip
         """Spaces and metadata from env 0, every env checked against them; then the shared block, in every worker."""
-        self.single_observation_space, self.single_action_space = spaces[0]
-        self._check_spaces(0, spaces)
+        self._space_keys = keys[0]
+        first = first or tuple(space_from_key(key) for key in keys[0])
+        self.single_observation_space, self.single_action_space = first
+        self._check_spaces(0, keys)
         self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
         self.render_mode = render_mode
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
         fields, self._obs_in_shm, self._actions_in_shm = shared_arrays.block_fields(
             self.num_envs, self.single_observation_space, self.single_action_space, shared_memory
         )
@@ -342,13 +346,32 @@ class SubprocVecEnv(VectorEnv):
         self._views = shared_arrays.views(self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed)
         self._obs_views = [view for name, view in self._views.items() if name.startswith("obs")]
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
-        self._obs_buffer = None if self._obs_in_shm else create_empty_array(
-            self.single_observation_space, n=self.num_envs, fn=np.zeros
-        )  # fmt: skip
 
-    def _check_spaces(self, first: int, spaces: list) -> None:
-        for i, (obs_space, act_space) in enumerate(spaces, start=first):
-            if obs_space != self.single_observation_space or act_space != self.single_action_space:
+    @property
+    def observation_space(self) -> gym.Space:
+        """The batched observation space, made when first asked for (a 50 MB image space batches into GBs)."""
+        if self._batched_spaces[0] is None:
+            self._batched_spaces[0] = batch_space(self.single_observation_space, self.num_envs)
+        return self._batched_spaces[0]
+
+    @observation_space.setter
+    def observation_space(self, space: gym.Space) -> None:
+        self._batched_spaces[0] = space
+
+    @property
+    def action_space(self) -> gym.Space:
+        if self._batched_spaces[1] is None:
+            self._batched_spaces[1] = batch_space(self.single_action_space, self.num_envs)
+        return self._batched_spaces[1]
+
+    @action_space.setter
+    def action_space(self, space: gym.Space) -> None:
+        self._batched_spaces[1] = space
+
+    def _check_spaces(self, first: int, keys: list) -> None:
+        for i, key in enumerate(keys, start=first):
+            if key != self._space_keys:
+                obs_space, act_space = (space_from_key(k) for k in key)
                 raise RuntimeError(
                     f"env {i} has observation space {obs_space} and action space {act_space}, but env 0 has "
                     f"{self.single_observation_space} and {self.single_action_space}; all envs must match"
@@ -438,8 +461,9 @@ class SubprocVecEnv(VectorEnv):
     def _observations(self):
         if self._obs_in_shm:
             return shared_arrays.unflatten(self.single_observation_space, (view.copy() for view in self._obs_views))
-        # Returns `out` filled in for array spaces, a fresh tuple for custom ones (Text, Graph, ...).
-        return deepcopy(concatenate(self.single_observation_space, self._env_obs, self._obs_buffer))
+        # A fresh batch each time (for custom spaces, such as Text or Graph, a tuple of what the envs sent)
+        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
+        return concatenate(self.single_observation_space, self._env_obs, out)
 
 
 def _check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds) -> None:

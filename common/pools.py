@@ -27,7 +27,7 @@ import gymnasium as gym
 from common import processes
 from common.channel import Channel
 from common.shared_arrays import anonymous_file, views
-from common.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, worker_main
+from common.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
 
 _LONGEST_POLL = 3600.0  # seconds; poll() takes an int of milliseconds, so longer waits are made of several
 
@@ -86,9 +86,8 @@ class InProcessPool:
         self.replies: dict[int, Any] = {}
         self.pids: list[int] = []
 
-    def hello(self, timeout: float) -> tuple[list, dict, str | None]:
-        envs = self.envs
-        return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
+    def hello(self, timeout: float) -> tuple:
+        return hello(self.envs, full=True)
 
     def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
         """A block of `size` bytes for the arrays, and the envs writing into their rows of it."""
@@ -147,11 +146,12 @@ class WorkerPool:
         return list(range(self.slices[w].start, self.slices[w].stop))
 
     # -------------------------------------------------------------------------------------------------- set-up
-    def hello(self, timeout: float) -> tuple[list, dict, str | None]:
-        """Every env's spaces, and env 0's metadata and render mode, as the workers built them."""
+    def hello(self, timeout: float) -> tuple:
+        """Every env's space keys, env 0's spaces (or None: big ones are rebuilt from their keys), and env 0's metadata
+        and render mode, as the workers built them (see worker.hello)."""
         self._collect_or_raise(timeout)
         replies = [self.replies.pop(w) for w in range(len(self.slices))]
-        return [space for reply in replies for space in reply[0]], replies[0][1], replies[0][2]
+        return [key for reply in replies for key in reply[0]], *replies[0][1:]
 
     def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
         """Maps one shared block of `size` bytes here and in every worker (each writes its own rows)."""

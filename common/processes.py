@@ -3,6 +3,7 @@ ending a worker with the helpers its envs started, and saying how a process ende
 
 from __future__ import annotations
 
+import ast
 import multiprocessing as mp
 import os
 import signal
@@ -29,6 +30,47 @@ def get_context(context: str) -> Any:
     if context == "forkserver":
         ctx.set_forkserver_preload(["__main__", *(m for m in FORKSERVER_PRELOAD if m in sys.modules)])
     return ctx
+
+
+def check_main_guard(context: str, depth: int = 2) -> None:
+    """RuntimeError, before any worker starts, when the top-level code of the main script builds a SubprocVecEnv
+    outside `if __name__ == "__main__":` under a start method whose workers import the main script again (spawn,
+    forkserver): each worker would run that code too and fail in a tangle of tracebacks. `depth`: frames up to the
+    caller."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if context == "fork" or path is None or getattr(mp.current_process(), "_inheriting", False):
+        return
+    frame = sys._getframe(depth)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:  # not the main script's top-level code
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    line = frame.f_lineno
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            if node.body[0].lineno <= line <= node.body[-1].end_lineno:
+                return
+    raise RuntimeError(
+        f"{os.path.basename(path)}, line {line}: this top-level code builds a SubprocVecEnv, and every worker process "
+        f"imports {os.path.basename(path)} again under the {context!r} start method, so each would build one too. Put "
+        f'that code under `if __name__ == "__main__":` (or pass context="fork")'
+    )
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """True for `__name__ == "__main__"` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
+        isinstance(x, ast.Constant) and x.value == "__main__" for x in sides
+    )
 
 
 def cores() -> int:

@@ -25,6 +25,7 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 import numpy as np
+from gymnasium.spaces import Box, Dict, Tuple
 
 from common import shared_arrays
 from common.channel import Channel
@@ -68,6 +69,48 @@ def decode(msg: bytes) -> tuple[Command, Any]:
     if command is None:
         raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between the trainer and this worker)")
     return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
+
+
+def space_key(space: gym.Space) -> Any:
+    """A small stand-in for a space, to send and compare instead of it: a Box whose bounds are the same everywhere
+    becomes ("Box", shape, dtype, low, high) (the bounds of a 50 MB image space pickle as 200 MB); Dict and Tuple hold
+    their parts' keys; any other space stands for itself."""
+    if type(space) is Box and space.low.size:
+        low, high = space.low, space.high
+        if low.min() == low.max() and high.min() == high.max():
+            return "Box", space.shape, space.dtype.str, low.flat[0].item(), high.flat[0].item()
+    if type(space) is Dict:
+        return "Dict", tuple((key, space_key(sub)) for key, sub in space.spaces.items())
+    if type(space) is Tuple:
+        return "Tuple", tuple(space_key(sub) for sub in space.spaces)
+    return space
+
+
+def space_from_key(key: Any) -> gym.Space:
+    """The space `space_key` stands for."""
+    if isinstance(key, tuple) and key[0] == "Box":
+        return Box(key[3], key[4], key[1], np.dtype(key[2]))
+    if isinstance(key, tuple) and key[0] == "Dict":
+        return Dict([(name, space_from_key(sub)) for name, sub in key[1]])
+    if isinstance(key, tuple) and key[0] == "Tuple":
+        return Tuple([space_from_key(sub) for sub in key[1]])
+    return key
+
+
+def hello(envs: list[gym.Env], full: bool) -> tuple:
+    """What a group of envs says first: each env's (observation, action) space keys, the first env's spaces themselves
+    if `full` and small (they carry their random generators), and the first env's metadata and render mode."""
+    keys = [(space_key(env.observation_space), space_key(env.action_space)) for env in envs]
+    spaces = (envs[0].observation_space, envs[0].action_space)
+    small = all(leaf.low.nbytes < 1 << 20 for leaf in _boxes(spaces[0])) if full else False
+    return keys, spaces if small else None, envs[0].metadata, envs[0].render_mode
+
+
+def _boxes(space: gym.Space) -> list[Box]:
+    if isinstance(space, Box):
+        return [space]
+    subspaces = space.spaces.values() if isinstance(space, Dict) else space.spaces if isinstance(space, Tuple) else []
+    return [box for sub in subspaces for box in _boxes(sub)]
 
 
 def error_report(index: int, command: str, exc: BaseException) -> tuple:
@@ -228,8 +271,7 @@ def worker_main(
         for k in range(len(env_fns)):
             envs.append(env_fns[k]())
         k = 0
-        spaces = [(env.observation_space, env.action_space) for env in envs]
-        conn.send(Reply.PAYLOAD + pickle.dumps((spaces, envs[0].metadata, envs[0].render_mode), PICKLE))
+        conn.send(Reply.PAYLOAD + pickle.dumps(hello(envs, full=first == 0), PICKLE))
 
         command = Command.ATTACH  # map the block the parent laid out from those spaces: this worker's rows only
         msg, fd = conn.recv_fd()

@@ -97,6 +97,21 @@ class TextObsEnv(CounterEnv):
         return f"t{self.t}r{self.resets}"
 
 
+class SequenceObsEnv(CounterEnv):
+    """Observations of varying length, which do not flatten to a Box."""
+
+    def __init__(self):
+        super().__init__(terminate_at=3)
+        self.observation_space = gym.spaces.Sequence(gym.spaces.Discrete(3))
+
+    def _obs(self):
+        return tuple(range(self.t % 3))
+
+
+gym.register("SequenceObs-v0", entry_point=SequenceObsEnv, max_episode_steps=10)
+gym.register("DictObs-v0", entry_point=DictObsEnv, max_episode_steps=10)
+
+
 class OddError(Exception):
     """An exception whose constructor needs two arguments: rebuilding it from one string would fail."""
 
@@ -236,8 +251,9 @@ class HelperEnv(FaultyEnv):
     worker (holding every file it has open, the worker's pipe included) or an exec'd program. `helper_pid` says
     which process it is."""
 
-    def __init__(self, fault: str | None = None, at: int = 3, helper: str = "fork"):
+    def __init__(self, fault: str | None = None, at: int = 3, helper: str = "fork", step_seconds: float = 0.0):
         super().__init__(fault, at)
+        self.step_seconds = step_seconds
         if helper == "fork":
             pid = os.fork()
             if pid == 0:  # the helper: sleeps until it is ended
@@ -246,6 +262,10 @@ class HelperEnv(FaultyEnv):
             self.helper_pid = pid
         else:
             self.helper_pid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]).pid
+
+    def step(self, action):
+        time.sleep(self.step_seconds)  # a costly step: the default layout spreads such envs over workers
+        return super().step(action)
 
 
 class HangsWhenBuilt(CounterEnv):
@@ -282,4 +302,48 @@ class SlowStepEnv(CounterEnv):
 
     def step(self, action):
         time.sleep(self.seconds)
+        return super().step(action)
+
+
+class LargeObsEnv(gym.Env):
+    """A `size`-byte uint8 observation (an image env's, much larger): construction and steps must cost what copying
+    it costs. The observation is filled with the step count."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, size: int = 50_000_000):
+        self.observation_space = gym.spaces.Box(0, 255, (size,), np.uint8)
+        self.obs, self.t = np.zeros(size, np.uint8), 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.obs[:] = 0
+        return self.obs, {}
+
+    def step(self, action):
+        self.t += 1
+        self.obs[:1000] = self.t % 256  # a changing corner is enough to check the copy
+        return self.obs, 0.0, False, False, {}
+
+
+class RecordsWhereEnv(CounterEnv):
+    """A CounterEnv that notes the pid of each process it is built in (a file per build in `folder`) and takes
+    `step_seconds` per step."""
+
+    def __init__(self, folder: str, step_seconds: float = 0.0, hang: str | None = None):
+        if hang == "make":
+            time.sleep(3600)
+        super().__init__(terminate_at=10**9)
+        self.step_seconds, self.hang = step_seconds, hang
+        with open(os.path.join(folder, f"{os.getpid()}-{time.monotonic_ns()}"), "w"):
+            pass
+
+    def reset(self, *, seed=None, options=None):
+        if self.hang == "reset":
+            time.sleep(3600)
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(3600 if self.hang == "step" else self.step_seconds)
         return super().step(action)

@@ -17,6 +17,7 @@ import torch
 
 from common import experiment
 from common.experiment import Checkpoints, FlagError, RunError
+from tests.envs import HangsWhenBuilt, failing_factory
 from tests.helpers import REPO, run_command
 
 
@@ -65,8 +66,7 @@ def test_check_installed_names_the_extra():
 
 
 def test_check_env_id(tmp_path, monkeypatch):
-    obs_space, act_space = experiment.check_env_id("CartPole-v1")
-    assert obs_space.shape == (4,) and act_space == gym.spaces.Discrete(2)
+    experiment.check_env_id("CartPole-v1")
     with pytest.raises(FlagError, match=r"'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"):
         experiment.check_env_id("CartPol-v1")
     (tmp_path / "broken_envs.py").write_text("import numpy\nraise RuntimeError('missing licence file')\n")
@@ -77,6 +77,18 @@ def test_check_env_id(tmp_path, monkeypatch):
         str(info.value)
         == "--env-id broken_envs:Thing-v0: importing broken_envs failed (RuntimeError: missing licence file)"
     )
+    with pytest.raises(FlagError, match=r"importing my_envs failed \(ModuleNotFoundError: No module named 'my_envs'\); "
+                                        "my_envs must be importable from here: run from the folder that holds it"):
+        experiment.check_env_id("my_envs:MyEnv-v0")
+
+
+def test_probe_env_builds_the_env_elsewhere_and_says_why_it_cannot():
+    found = experiment.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60)
+    assert found["spaces"][0].shape == (4,) and found["spaces"][1] == gym.spaces.Discrete(2)
+    with pytest.raises(FlagError, match=r"--env-id X-v0 cannot be built here: RuntimeError: factory refused to build"):
+        experiment.probe_env("X-v0", failing_factory, 60)
+    with pytest.raises(FlagError, match=r"--env-id X-v0: building the env did not finish within 1 s"):
+        experiment.probe_env("X-v0", HangsWhenBuilt, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------------- run folders

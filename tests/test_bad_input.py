@@ -12,6 +12,8 @@ import torch
 from common import experiment
 from tests.helpers import REPO, descendants, leftovers, run_script
 
+pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
+
 VEC, ATARI = REPO / "ppo_vec.py", REPO / "ppo_atari_multigpu.py"
 
 

@@ -17,6 +17,8 @@ from tests.test_ppo_atari_multigpu import SCRIPT as ATARI_SCRIPT
 from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
 from tests.test_ppo_vec import SCRIPT, TINY
 
+pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
+
 FAULT_ENV = ["--env-id", "tests.envs:ScriptedFault-v0"]
 
 

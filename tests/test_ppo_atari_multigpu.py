@@ -70,6 +70,7 @@ def test_what_both_scripts_do_is_written_the_same_way():
         assert block(vec, first, last).count("\n") >= 5
 
 
+@pytest.mark.e2e
 def test_one_rank_logs_cleanrl_tags(tmp_path):
     out = run_script(SCRIPT, [*TINY, "--total-timesteps", "48"], tmp_path)
     assert out.returncode == 0, out.stderr
@@ -81,6 +82,7 @@ def test_one_rank_logs_cleanrl_tags(tmp_path):
     assert final != initial
 
 
+@pytest.mark.e2e
 def test_two_ranks_with_gloo_stay_identical(tmp_path):
     out = torchrun([*TINY, "--total-timesteps", "96"], tmp_path)  # 96 global steps = 3 global iterations
     assert out.returncode == 0, out.stdout + out.stderr
@@ -92,6 +94,7 @@ def test_two_ranks_with_gloo_stay_identical(tmp_path):
     assert steps == [32, 64, 96]  # global steps: both ranks' envs count
 
 
+@pytest.mark.e2e
 def test_early_stop_is_decided_together(tmp_path):
     """A target_kl near the KLs the ranks see, over many epochs: their local KLs fall on both sides of it again and
     again. Decided on the mean over ranks, every rank stops at the same epoch; a rank deciding alone would leave the
@@ -111,6 +114,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_two_nodes_on_localhost(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = []

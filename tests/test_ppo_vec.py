@@ -97,6 +97,7 @@ def test_categorical_log_prob_and_entropy_match_torch_distributions():
     torch.testing.assert_close(grads, expected_grads)
 
 
+@pytest.mark.e2e
 def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
     out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1024", "--seed", "3"], tmp_path)
     assert out.returncode == 0, out.stderr
@@ -154,6 +155,7 @@ def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
     assert not np.allclose(scaler.var.numpy(), scaler.var.numpy()[0])  # each env keeps its own statistics
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("norm_obs", [True, False])
 def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     args = [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
@@ -179,6 +181,7 @@ def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     assert "eval: mean return" in out.stdout and "over 1 episodes" in out.stdout
 
 
+@pytest.mark.e2e
 def test_evaluation_uses_the_saved_observation_statistics(tmp_path):
     """A policy that acts on its (normalized) observation gets different returns once the statistics change."""
     out = run_script(SCRIPT, [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--checkpoint-interval",
@@ -199,6 +202,7 @@ def test_evaluation_uses_the_saved_observation_statistics(tmp_path):
     assert ppo_vec.evaluate(str(path), 1, torch.device("cpu")) != first
 
 
+@pytest.mark.e2e
 def test_copied_script_runs_alone(tmp_path):
     """The copy-paste promise: ppo_vec.py plus common/ in an empty folder outside the repo is all it needs."""
     project = tmp_path / "my_research"
@@ -212,6 +216,7 @@ def test_copied_script_runs_alone(tmp_path):
     assert str(REPO) not in out.stderr
 
 
+@pytest.mark.e2e
 def test_same_seed_same_parameters_and_returns(tmp_path):
     results = []
     for run in ("a", "b"):
@@ -228,6 +233,7 @@ def test_same_seed_same_parameters_and_returns(tmp_path):
         torch.testing.assert_close(params_a[name], params_b[name], rtol=0, atol=0)
 
 
+@pytest.mark.e2e
 def test_truncation_is_bootstrapped_not_terminated(tmp_path):
     """Reward 1 per step, episodes only ever cut at 5 steps: V must approach 1 / (1 - gamma) = 20, not ~3."""
     args = ["--env-id", "tests.envs:ConstantReward-v0", "--gamma", "0.95", "--learning-rate", "3e-3", "--no-clip-vloss"]
@@ -243,6 +249,7 @@ def test_truncation_is_bootstrapped_not_terminated(tmp_path):
     assert 15 < value < 25, f"V = {value:.2f}; about 3 would mean truncation was treated as termination"
 
 
+@pytest.mark.e2e
 def test_an_env_whose_close_raises_does_not_stop_the_run(tmp_path):
     args = [*TINY, "--env-id", "tests.envs:CloseRaises-v0", "--total-timesteps", "256"]
     out = run_script(SCRIPT, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
@@ -250,6 +257,7 @@ def test_an_env_whose_close_raises_does_not_stop_the_run(tmp_path):
     assert "Traceback" not in out.stderr and "global_step=256/256" in out.stdout
 
 
+@pytest.mark.e2e
 def test_help_opens_with_the_description_and_commands_and_documents_every_flag():
     env = dict(os.environ, COLUMNS="200")
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, env=env)

@@ -12,6 +12,8 @@ from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
 from tests.test_ppo_vec import SCRIPT as VEC
 from tests.test_ppo_vec import TINY as VEC_TINY
 
+pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
+
 
 @pytest.mark.parametrize(
     ("script", "args", "steps_per_iteration"),

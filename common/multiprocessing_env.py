@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 import math
 import multiprocessing as mp
+import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -289,6 +290,32 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.SET_ATTR, (name, list(values[sl])))
         self._collect_or_raise()
         self._pool.replies.clear()
+
+    def save_env_states(self) -> bytes | None:
+        """Every env's whole state, and the last observations, as bytes for a checkpoint; None if some env cannot be
+        saved (common/env_state.py says which can). Runs env code (pickling), bounded like any command."""
+        self._check_usable("save_env_states")
+        for w in range(len(self._pool.slices)):
+            self._pool.send(w, Command.SAVE_STATES)
+        self._collect_or_raise()
+        states = [state for w in range(len(self._pool.slices)) for state in self._pool.replies.pop(w)]
+        if any(state is None for state in states):
+            return None
+        return pickle.dumps({"envs": states, "obs": self._last_obs, "env_obs": self._env_obs}, pickle.HIGHEST_PROTOCOL)
+
+    def load_env_states(self, saved: bytes) -> Any:
+        """Puts back the envs `save_env_states` saved, in the state they were; returns their last observations (the
+        ones to act on next). Unpickles: load only what you saved."""
+        self._check_usable("load_env_states")
+        data = pickle.loads(saved)
+        if len(data["envs"]) != self.num_envs:
+            raise ValueError(f"load_env_states() got the states of {len(data['envs'])} envs for {self.num_envs}")
+        for w, sl in enumerate(self._pool.slices):
+            self._pool.send(w, Command.LOAD_STATES, data["envs"][sl])
+        self._collect_or_raise()
+        self._pool.replies.clear()
+        self._last_obs, self._env_obs = data["obs"], data["env_obs"]
+        return self._last_obs
 
     def render(self) -> tuple[Any, ...]:
         return self.call("render")

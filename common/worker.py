@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Tuple
 
-from common import shared_arrays
+from common import env_state, shared_arrays
 from common.channel import Channel
 
 PICKLE = pickle.HIGHEST_PROTOCOL
@@ -43,6 +43,8 @@ class Command(enum.Enum):
     RESET = b"r"
     CALL = b"c"
     SET_ATTR = b"a"
+    SAVE_STATES = b"v"
+    LOAD_STATES = b"l"
     CLOSE = b"x"
 
     @property
@@ -143,7 +145,8 @@ class EnvGroup:
         self.one_leaf = self.obs_views[0] if n_leaves == 1 else None  # the common case, made quick
         self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
         self.handlers = {Command.STEP: self.step, Command.RESET: self.reset, Command.CALL: self.call,
-                         Command.SET_ATTR: self.set_attr}  # fmt: skip
+                         Command.SET_ATTR: self.set_attr, Command.SAVE_STATES: self.save_states,
+                         Command.LOAD_STATES: self.load_states}  # fmt: skip
 
     def run(self, command: Command, arg: Any) -> Any:
         if command not in self.handlers:
@@ -212,6 +215,22 @@ class EnvGroup:
             self.current = k
             env.set_wrapper_attr(name, values[k])
 
+    def save_states(self, arg: None) -> list[bytes | None]:
+        """Each env's whole state (env_state.dumps), None for one that cannot be saved."""
+        states = []
+        for k, env in enumerate(self.envs):
+            self.current = k
+            states.append(env_state.dumps(env))
+        return states
+
+    def load_states(self, states: list[bytes]) -> None:
+        """Puts in the envs `save_states` saved (the ones they replace are closed)."""
+        for k, state in enumerate(states):
+            self.current = k
+            env = env_state.loads(state)
+            close_envs(self.envs[k : k + 1])
+            self.envs[k] = env
+
     def close(self) -> None:
         close_envs(self.envs)
 
@@ -261,7 +280,8 @@ def worker_main(
     except OSError:
         pass
     threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then closes us
+    for signum in (signal.SIGINT, signal.SIGTERM):  # stopping is the trainer's: it saves, then closes us
+        signal.signal(signum, signal.SIG_IGN)  # (a scheduler signals every process of a job, in any order)
     conn = Channel(sock)
     envs: list[gym.Env] = []
     group = None

@@ -1,0 +1,98 @@
+"""Env states for checkpoints: an env pickled whole (its wrappers, their statistics, its random generators and the
+simulator's own state), so that a run resumed from a checkpoint continues its episodes exactly where they were.
+
+Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or common/, or declares
+`pickle_state = True` (a user env that pickles with its whole state: plain Python and numpy). Simulators that
+gymnasium pickles by their constructor arguments (EzPickle: MuJoCo, ALE) are pickled by their state instead: MuJoCo's
+model and data pickle whole; an ALE env is rebuilt from its arguments and given back its emulator's state, random
+generator included. `dumps` gives None for anything else (Box2D's worlds, a wrapper from another package, an env that
+does not pickle): such an env cannot be saved, and a run resumed from the checkpoint starts fresh episodes.
+
+Loading unpickles: only resume from checkpoints you wrote.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+from gymnasium.utils.ezpickle import EzPickle
+
+SAFE_MODULES = ("gymnasium.", "ale_py.", "common.")
+
+
+def chain(env: gym.Env) -> list[Any]:
+    """The env and every wrapper around it, outermost first."""
+    found = [env]
+    while isinstance(found[-1], gym.Wrapper):
+        found.append(found[-1].env)
+    return found
+
+
+def saveable(env: gym.Env) -> bool:
+    """True if every class of the env's chain is one whose pickle keeps the whole state (see the module's text)."""
+    return all(
+        type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False) for e in chain(env)
+    )
+
+
+def dumps(env: gym.Env) -> bytes | None:
+    """The env's whole state as bytes, or None if it cannot be saved."""
+    if not saveable(env):
+        return None
+    try:
+        import ale_py
+    except ImportError:  # no Atari here: nothing of ALE's to find
+        ale_py = None
+    owners = {id(e.ale): e for e in chain(env) if ale_py is not None and isinstance(e, ale_py.env.AtariEnv)}
+    buffer = io.BytesIO()
+    try:
+        _StatePickler(buffer, owners).dump(env)
+    except Exception:  # noqa: BLE001 - whatever does not pickle (a Box2D world, an open file) cannot be saved
+        return None
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> gym.Env:
+    """The env `dumps` saved, in the state it had."""
+    return pickle.loads(data)
+
+
+def _set_dict(obj: Any, state: dict) -> None:
+    obj.__dict__.update(state)
+
+
+def _new_atari(args: tuple, kwargs: dict) -> Any:
+    from ale_py.env import AtariEnv
+
+    return AtariEnv(*args, **kwargs)  # the ROM loaded and the emulator set up as the saved env had it
+
+
+def _set_atari(env: Any, state: tuple) -> None:
+    ale_state, attrs = state
+    env.__dict__.update(attrs)
+    env.ale.restoreState(ale_state)
+
+
+class _StatePickler(cloudpickle.Pickler):
+    """Pickles EzPickle objects by their state rather than their constructor arguments, and ALE envs by their
+    emulator's state (an ALEInterface held by a wrapper is its env's, rebuilt with it)."""
+
+    def __init__(self, file: io.BytesIO, ale_owners: dict[int, Any]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.ale_owners = ale_owners
+
+    def reducer_override(self, obj: Any) -> Any:
+        if id(obj) in self.ale_owners:  # the ALEInterface of an env in the chain
+            return getattr, (self.ale_owners[id(obj)], "ale")
+        if type(obj).__module__ == "ale_py.env" and hasattr(obj, "ale") and id(obj.ale) in self.ale_owners:
+            attrs = {key: value for key, value in vars(obj).items() if key != "ale"}
+            state = (obj.ale.cloneState(include_rng=True), attrs)
+            return _new_atari, (obj._ezpickle_args, obj._ezpickle_kwargs), state, None, None, _set_atari
+        if isinstance(obj, EzPickle):
+            return copyreg.__newobj__, (type(obj),), dict(vars(obj)), None, None, _set_dict
+        return super().reducer_override(obj)

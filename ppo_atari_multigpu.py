@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common import experiment
+from common import checkpointing, experiment
 from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv, ScreenSpace
 from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
@@ -237,19 +237,18 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> int:
     return int(found["spaces"][1].n)
 
 
-def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False, writer=None) -> list[float]:
+def evaluate(path: str, episodes: int, device: torch.device, capture_video=False, writer=None, env_id=None) -> list:
     """Raw scores of a checkpoint's greedy policy over full games, printed (and logged as eval/episodic_return)."""
-    checkpoint = experiment.load_checkpoint(path, "--eval-checkpoint", "ppo_atari_multigpu.py")
-    saved = experiment.saved_args(checkpoint, Args)
+    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_atari_multigpu.py", Args, env_id)
     env = make_env(saved.env_id, 0, capture_video, Path(path).parent / "eval")()
     agent = Agent(env.action_space.n).to(device)
-    experiment.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
+    checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
 
     def act(obs):
         with torch.inference_mode():
             return agent.get_policy(torch.as_tensor(np.asarray(obs), device=device)[None])[0].argmax().item()
 
-    returns = experiment.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
+    returns = checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
     print(f"eval: mean score {np.mean(returns):.2f} over {len(returns)} games: {returns}")
     return returns
 
@@ -268,7 +267,7 @@ def main(args: Args) -> None:
     torch.set_num_threads(args.num_threads or cores)
     if args.eval_checkpoint is not None:
         if is_main:
-            evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
+            evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video, env_id=args.env_id)
         return
     local_batch_size = args.local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
@@ -280,53 +279,48 @@ def main(args: Args) -> None:
     rng = np.random.default_rng([args.seed, rank])  # rollout sampling and minibatch order differ across ranks
     agent = Agent(num_actions).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
-    checkpoints = experiment.Checkpoints(
+    checkpoints = checkpointing.Checkpoints(
         "ppo_atari_multigpu.py", args, {"model": agent, "optimizer": optimizer}, batch_size, world_size
     )
-    iteration = 1  # a stop saves the state after iteration - 1
+    checkpoint, iteration = None, 1
     if args.resume is not None:
         same = {"env_id": args.env_id, "local_num_envs": args.local_num_envs, "num_steps": args.num_steps}
         checkpoint = checkpoints.resume(args.resume, same, num_iterations)
-        iteration, saved_rng = checkpoint["iteration"] + 1, (checkpoint["rng"] + [None] * world_size)[rank]
+        iteration, saved_rng = checkpoint["iteration"] + 1, checkpoint["rng"][rank]
         if saved_rng is None:  # written on a stop, which only rank 0's state reaches: a fresh draw of its own
             rng = np.random.default_rng([args.seed, rank, iteration])
         else:
             rng.bit_generator.state = saved_rng
     start_iteration, global_step = iteration, (iteration - 1) * batch_size
-    run_dir = None if not is_main else Path(args.resume).parent if args.resume else experiment.make_run_dir(args)
-    checkpoint_path, model_path = f"{run_dir}/checkpoint.pt", f"{run_dir}/{args.exp_name}.cleanrl_model"
+    run_dir = experiment.run_folder(args) if is_main else None
+    progress = experiment.Progress(num_iterations * batch_size, global_step, speaks=is_main, resumed=checkpoint)
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
-
-    def env_seed(done: int) -> int:  # a fresh block of seeds after each checkpoint, as a resumed run starts with
-        return args.seed + (done * world_size + rank) * args.local_num_envs
-
-    def save_on_stop():  # rank 0 alone, without collective calls: other ranks may be gone
-        return checkpoints.save(checkpoint_path, iteration - 1, [rng.bit_generator.state] + [None] * (world_size - 1))
 
     env_fns = [make_env(args.env_id, i, args.capture_video and is_main, run_dir) for i in range(args.local_num_envs)]
     with (
         experiment.process_group(args.backend or ("nccl" if use_cuda else "gloo"), distributed),
         SubprocVecEnv(env_fns, **experiment.vec_env_options(args, cores)) as envs,
+        experiment.ending("ppo_atari_multigpu.py", run_dir, checkpoints, progress) as run,
         experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
-        experiment.on_stop(save_on_stop if is_main else None),
     ):
         # the update calls ddp_agent, whose backward() averages the gradients over all ranks; the rollout calls agent
         ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None) if distributed else agent
-        first_seed = env_seed(start_iteration - 1)
+        first_seed = args.seed + ((start_iteration - 1) * world_size + rank) * args.local_num_envs  # fresh per start
         seeds = experiment.all_ranks(list(range(first_seed, first_seed + args.local_num_envs)))
         if is_main:
             experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {world_size} rank(s) on {device.type}, each "
                                 f"with {envs.layout}, env seeds per rank: {seeds}", run_dir)  # fmt: skip
+        next_obs = checkpointing.start_envs(envs, checkpoint, rank, first_seed, {})  # as a checkpoint left them?
+        # a stop saves rank 0's last snapshot, without collective calls (other ranks may be gone): its rng alone
+        run.snapshot(start_iteration - 1, [rng.bit_generator.state] + [None] * (world_size - 1))
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
         obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)
         actions = np.zeros((args.num_steps, args.local_num_envs) + action_shape, dtype=np.int64)
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
-        progress = experiment.Progress(args.total_timesteps, global_step, speaks=is_main)
-        next_obs, _ = envs.reset(seed=first_seed)
 
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -436,18 +430,17 @@ def main(args: Args) -> None:
             episodes = [episode for e in rank_episodes for episode in e]
             progress.log(writer, global_step, episodes, timings, restarts=sum(restarts))  # charts/episodic_*, SPS
 
-            if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
-                rng_states = experiment.all_ranks(rng.bit_generator.state)
-                if is_main:
-                    checkpoints.save(checkpoint_path, iteration, rng_states)
-                next_obs, _ = envs.reset(seed=env_seed(iteration))  # as a run resumed from here starts its envs
-        iteration += 1  # all done: a stop from here on saves the finished run
+            run.snapshot(iteration, [rng.bit_generator.state] + [None] * (world_size - 1))
+            if iteration == num_iterations or args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
+                every_rank = experiment.all_ranks((rng.bit_generator.state, envs.save_env_states()))
+                rngs, env_states = zip(*every_rank, strict=True)
+                run.save(env_states=list(env_states), rng=list(rngs))  # rank 0 writes every rank's; the others skip
 
         checksums = experiment.all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()))
         if is_main:
             print(f"final parameter checksum per rank (equal when the ranks stayed in step): {checksums}")
         if is_main and args.save_model:
-            checkpoints.save(model_path, num_iterations, [rng.bit_generator.state] + [None] * (world_size - 1))
+            model_path = checkpoints.save(run_dir / f"{args.exp_name}.cleanrl_model")
             print(f"model saved to {model_path}")
             if args.eval_episodes:
                 evaluate(model_path, args.eval_episodes, device, writer=writer)

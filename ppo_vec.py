@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from common import experiment
+from common import checkpointing, experiment
 from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
 
@@ -103,6 +103,8 @@ class Args:
     """times a crashed, raising or stuck env worker may be replaced (its envs' episodes end as truncated)"""
     step_timeout: float | None = None
     """seconds an env step may take before its worker counts as stuck (None: no limit)"""
+    num_threads: int = 1
+    """torch CPU threads (a 64-unit MLP gains nothing from more, and the env workers need the cores)"""
 
 
 def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
@@ -225,15 +227,12 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
         ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
     ])  # fmt: skip
     experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
-    experiment.check_env_id(args.env_id)
     probe = make_env(replace(args, capture_video=False), 0, Path())  # built in a probe process: its spaces, flattened
     found = experiment.probe_env(args.env_id, probe, args.step_timeout or 600.0)
     (obs_space, act_space), raw = found["spaces"], found["raw_spaces"][0]
-    if isinstance(raw, gym.spaces.Box) and raw.dtype == np.uint8 and len(raw.shape) >= 2:
-        raise FlagError(f"--env-id {args.env_id} has image observations {raw}; use ppo_atari_multigpu.py")
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise FlagError(f"--env-id {args.env_id} has observations {raw}, which do not flatten to a Box (ppo_vec.py "
-                        "flattens Dict, Tuple and Discrete ones)")  # fmt: skip
+    if not isinstance(obs_space, gym.spaces.Box) or raw.dtype == np.uint8 and len(raw.shape) >= 2:
+        raise FlagError(f"--env-id {args.env_id} has observations {raw}; ppo_vec.py needs ones that flatten to a "
+                        "vector (Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
     if "--norm-obs" in experiment.given_flags() and not isinstance(act_space, gym.spaces.Box):
         raise FlagError(f"--norm-obs normalizes the observations of Box-action envs; {args.env_id} has {act_space}: "
                         "drop the flag (Discrete-action envs learn without, as in CleanRL's ppo.py)")  # fmt: skip
@@ -242,21 +241,20 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
     return obs_space, act_space
 
 
-def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool = False, writer=None) -> list[float]:
+def evaluate(path: str, episodes: int, device: torch.device, capture_video=False, writer=None, env_id=None) -> list:
     """Raw returns of a checkpoint's greedy policy on one env, printed (and logged as eval/episodic_return)."""
-    checkpoint = experiment.load_checkpoint(path, "--eval-checkpoint", "ppo_vec.py")
-    saved = experiment.saved_args(checkpoint, Args, capture_video=capture_video)
-    obs_rms = experiment.merge_rms(checkpoint["norm"]["obs_rms"]) if "obs_rms" in checkpoint["norm"] else None
+    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_vec.py", Args, env_id, capture_video=capture_video)
+    obs_rms = checkpointing.merge_rms(checkpoint["norm"]["obs_rms"]) if "obs_rms" in checkpoint["norm"] else None
     env = make_env(saved, 0, Path(path).parent / "eval", obs_rms)()
     agent = Agent(int(np.prod(env.observation_space.shape)), env.action_space).to(device)
-    experiment.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
+    checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
 
     def act(obs):
         with torch.inference_mode():
             out, _ = agent.get_policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
         return (out[0] if agent.continuous else out[0].argmax()).cpu().numpy()
 
-    returns = experiment.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
+    returns = checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
     print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
     return returns
 
@@ -264,9 +262,9 @@ def evaluate(path: str, episodes: int, device: torch.device, capture_video: bool
 def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
     obs_space, action_space = check_args(args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_num_threads(1)  # a 64-unit MLP gains nothing from more threads, and the env workers need the cores
+    torch.set_num_threads(args.num_threads)
     if args.eval_checkpoint is not None:
-        return evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
+        return evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video, env_id=args.env_id)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -279,15 +277,15 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
     modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards}
-    checkpoints = experiment.Checkpoints("ppo_vec.py", args, modules, batch_size)
-    iteration, norm = 1, {}  # a stop saves the state after iteration - 1, and the envs' statistics `norm`
+    checkpoints = checkpointing.Checkpoints("ppo_vec.py", args, modules, batch_size)
+    checkpoint, iteration, norm = None, 1, {}  # norm: the envs' statistics (a resumed run's, for fresh episodes)
     if args.resume is not None:
         same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}
-        checkpoint = checkpoints.resume(args.resume, same, num_iterations)
+        checkpoint = checkpoints.resume(args.resume, same, num_iterations, needs=("norm",))
         iteration, norm, rng.bit_generator.state = checkpoint["iteration"] + 1, checkpoint["norm"], checkpoint["rng"][0]
     start_iteration, global_step = iteration, (iteration - 1) * batch_size
-    run_dir = Path(args.resume).parent if args.resume else experiment.make_run_dir(args)
-    checkpoint_path, model_path = run_dir / "checkpoint.pt", run_dir / f"{args.exp_name}.cleanrl_model"
+    run_dir = experiment.run_folder(args)
+    progress = experiment.Progress(num_iterations * batch_size, global_step, resumed=checkpoint)
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
@@ -295,17 +293,17 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     env_fns = [make_env(args, i, run_dir) for i in range(args.num_envs)]
     with (
         SubprocVecEnv(env_fns, **experiment.vec_env_options(args)) as envs,
+        experiment.ending("ppo_vec.py", run_dir, checkpoints, progress) as run,
         experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
-        experiment.on_stop(lambda: checkpoints.save(checkpoint_path, iteration - 1, rng, norm=norm)),
     ):
         experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.layout}, agent on {device}", run_dir)
-        experiment.set_env_stats(envs, norm)  # a resumed run's; a new run's envs start afresh
+        # the envs as the checkpoint left them, or fresh episodes with seeds no earlier start of this run used
+        next_obs = checkpointing.start_envs(envs, checkpoint, 0, args.seed + global_step // args.num_steps, norm)
+        run.snapshot(start_iteration - 1, [rng.bit_generator.state], norm=norm)  # what a stop saves, until the next
         obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # rollout storage, made once
         actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
-        progress = experiment.Progress(args.total_timesteps, global_step)
-        next_obs, _ = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)  # as in a resumed run
 
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -412,14 +410,13 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
             progress.log(writer, global_step, episodes, timings, restarts=envs.restarts)  # charts/episodic_*, SPS
 
-            norm = experiment.get_env_stats(envs, norm_stats)  # as of the weights just trained, for any save
-            if args.checkpoint_interval and (iteration % args.checkpoint_interval == 0 or iteration == num_iterations):
-                checkpoints.save(checkpoint_path, iteration, rng, norm=norm)
-                next_obs, _ = envs.reset(seed=args.seed + iteration * args.num_envs)  # as a run resumed from here
-        iteration += 1  # all done: a stop from here on saves the finished run
+            norm = checkpointing.get_env_stats(envs, norm_stats)  # as of the weights just trained
+            run.snapshot(iteration, [rng.bit_generator.state], norm=norm)
+            if iteration == num_iterations or args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
+                run.save(env_states=[envs.save_env_states()])  # between iterations: the envs' states too
 
         if args.save_model:
-            checkpoints.save(model_path, num_iterations, rng, norm=norm)
+            model_path = checkpoints.save(run_dir / f"{args.exp_name}.cleanrl_model")
             print(f"model saved to {model_path}")
             if args.eval_episodes:
                 evaluate(str(model_path), args.eval_episodes, device, writer=writer)

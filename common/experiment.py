@@ -1,18 +1,21 @@
-"""Run plumbing both scripts share: flag checks, the run folder and its writer, start-up and progress lines, one stop
-path for SIGINT and SIGTERM, checkpoint files, and evaluation episodes. No hyperparameters and no RL math live here.
+"""Run plumbing both scripts share: flag checks, the run folder and its writer, start-up and progress lines, the
+one way a run ends (saving on a stop or an env failure, then its summary, curve and closing line), and the ranks.
+No hyperparameters and no RL math live here; checkpoint files are in common/checkpointing.py, the run folder's other
+files in common/results.py.
 
     def main(args):
         check_args(args)                                      # FlagError: exit status 2, nothing started
-        run_dir = make_run_dir(args)                          # runs/<env>__<exp_name>__<seed>__<time>
-        with SubprocVecEnv(...) as envs, open_writer(run_dir, args) as writer, on_stop(save):
-            ...                                               # Stopped: save() runs, then writer and envs close
-
+        run_dir = make_run_dir(args)                          # runs/<env>__<exp_name>__<seed>__<time>, args.json
+        with SubprocVecEnv(...) as envs, ending(...) as run, open_writer(run_dir, args) as writer:
+            ...                                               # run.snapshot() each iteration, run.save() to save
+                                                              # Stopped: the snapshot saved, writer and envs closed
     if __name__ == "__main__":
         run(main, Args, __doc__)
 
-Exit statuses of `run`: 0 done; 1 a failure during the run (one message, no traceback); 2 a bad flag, before
-anything started; 128 + signal (130 SIGINT, 143 SIGTERM) when stopped, after saving. Anything else is a bug, and
-keeps its traceback.
+Exit statuses of `run`: 0 done; 1 a failure during the run (one message, no traceback; every failing rank says its
+own); 2 a bad flag, before anything started; 128 + signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
+Anything else is a bug, and keeps its traceback. Every run that started training ends with one closing line: how it
+ended, steps, wall time, SPS, last-20 return, and where its results are.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed
-from gymnasium.wrappers.utils import RunningMeanStd
 
-from common import layout_choice
+from common import guardian, layout_choice, results
 from common.multiprocessing_env import WorkerError, check_layout
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -94,6 +97,7 @@ def plain_name(name: str) -> bool:
 # The flags both scripts have, and the values they allow: (field, test of its value, what is allowed).
 SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("exp_name", plain_name, "a plain name (no '/', not '.' or '..')"),
+    ("exp_name", lambda v: len(v.encode()) <= 200, "at most 200 bytes (it names a folder with the env id and seed)"),
     ("seed", lambda v: v >= 0, ">= 0"),
     ("num_steps", lambda v: v >= 1, ">= 1"),
     ("num_minibatches", lambda v: v >= 1, ">= 1"),
@@ -111,6 +115,19 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("max_restarts", lambda v: v >= 0, ">= 0"),
     ("step_timeout", lambda v: v is None or 0 < v <= 604800, "in (0, 604800] seconds, a week (or unset: no limit)"),
 ]
+
+
+def check_bool_values(args_type: type, argv: list[str]) -> None:
+    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): bool flags are
+    switches here, `--flag` or `--no-flag`."""
+    switches = {flag(f.name) for f in dataclasses.fields(args_type) if f.type in (bool, "bool")}
+    for given, value in zip(argv, [*argv[1:], ""], strict=True):
+        name = given.split("=", 1)[0]
+        if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
+            value = given.split("=", 1)[1] if "=" in given else value
+            off = "--no-" + name[2:]
+            raise FlagError(f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
+                            f"{off} to turn it off")  # fmt: skip
 
 
 def check_installed(args: Any, needs: dict[str, tuple[str, str]]) -> None:
@@ -149,9 +166,11 @@ def check_env_id(env_id: str) -> None:
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
-    """Builds the env (`make()`, as the script would) once in a probe process: no env code runs here, the build is
-    bounded by `bound` seconds, and whatever the env starts ends with the probe. Returns what the probe found: its
-    "spaces", and "raw_spaces", the unwrapped env's (common/layout_choice.py); FlagError naming --env-id if it fails."""
+    """check_env_id, then builds the env (`make()`, as the script would) once in a probe process: no env code runs
+    here, the build is bounded by `bound` seconds, and whatever the env starts ends with the probe. Returns what the
+    probe found: its "spaces", and "raw_spaces", the unwrapped env's (common/layout_choice.py); FlagError naming
+    --env-id if it fails."""
+    check_env_id(env_id)
     try:
         return layout_choice.probe(make, bound, None, steps=False)
     except layout_choice.ProbeFailed as exc:  # a missing extra (box2d, mujoco), a broken env, a wrapper refusing it
@@ -166,15 +185,39 @@ def given_flags() -> set[str]:
 
 
 def make_run_dir(args: Any, root: str = "runs") -> Path:
-    """Creates runs/{env_id}__{exp_name}__{seed}__{unix time}, with -2, -3, ... appended if that exists already."""
+    """Creates runs/{env_id}__{exp_name}__{seed}__{unix time}, with -2, -3, ... appended if that exists already, and
+    writes the flags into it (args.json); RunError in one line if the folder cannot be made here."""
     base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    Path(root).mkdir(exist_ok=True)
-    for k in range(1, 1_000_000):
-        path = Path(root) / (base if k == 1 else f"{base}-{k}")
-        with contextlib.suppress(FileExistsError):
-            path.mkdir()  # atomic: two runs starting in the same second never share a folder
-            return path
+    try:
+        Path(root).mkdir(exist_ok=True)
+        for k in range(1, 1_000_000):
+            path = Path(root) / (base if k == 1 else f"{base}-{k}")
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()  # atomic: two runs starting in the same second never share a folder
+                write_args(path, args)
+                return path
+    except OSError as exc:  # read-only, full, or `runs` is a file
+        why = "a file of that name is in the way" if os.path.isfile(root) else exc.strerror
+        raise RunError(f"cannot make the run folder in {os.path.abspath(root)} ({why}); run from a folder you can "
+                       "write to") from None  # fmt: skip
     raise RunError(f"no free run folder name under {root}/{base}")
+
+
+def run_folder(args: Any) -> Path:
+    """The run's folder: a new one (make_run_dir), or with --resume the checkpoint's, its args.json rewritten."""
+    if args.resume is None:
+        return make_run_dir(args)
+    run_dir = Path(args.resume).parent
+    try:
+        write_args(run_dir, args)
+    except OSError as exc:
+        raise RunError(f"cannot write into {run_dir} ({exc.strerror}): a resumed run goes on in its folder") from None
+    return run_dir
+
+
+def write_args(run_dir: Path, args: Any) -> None:
+    """args.json: the flags, readable without TensorBoard (a resumed run writes the flags it was resumed with)."""
+    results.write_json(run_dir / "args.json", {"script": Path(sys.argv[0]).name, **dataclasses.asdict(args)})
 
 
 def vec_env_options(args: Any, cores: int | None = None) -> dict[str, Any]:
@@ -230,43 +273,58 @@ def hms(seconds: float) -> str:
 
 
 class Progress:
-    """Steps per second since the first step, and the console progress line (at most every `every` seconds)."""
+    """Steps per second since the first step, the console progress line (at most every `every` seconds, and always
+    for the last iteration), and the figures a run's summary and closing line give. `last_step`: the global step the
+    run ends at (whole iterations: --total-timesteps rounded down to a multiple of the batch)."""
 
-    def __init__(self, total_steps: int, first_step: int = 0, every: float = 2.0, speaks: bool = True):
-        self.total_steps, self.first_step, self.every, self.speaks = total_steps, first_step, every, speaks
-        self.recent_returns = collections.deque(maxlen=20)
+    def __init__(self, last_step: int, first_step: int = 0, every: float = 2.0, speaks: bool = True,
+                 resumed: dict | None = None):  # fmt: skip
+        self.last_step, self.first_step, self.every, self.speaks = last_step, first_step, every, speaks
+        self.global_step = first_step
+        self.recent_returns = collections.deque((resumed or {}).get("recent_returns", []), maxlen=20)  # a checkpoint's
         self.start = self.last_print = time.time()
 
     def sps(self, global_step: int) -> int:
         """Env steps per second since the first step of this process."""
         return int((global_step - self.first_step) / max(time.time() - self.start, 1e-9))
 
-    def line(self, global_step: int, returns: list[float], timings: dict[str, float]) -> str:
+    def mean_return(self) -> float | None:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    def line(self, global_step: int, timings: dict[str, float]) -> str:
         """global_step, SPS, mean recent return, elapsed time and ETA (h:mm:ss), where the iteration's time went."""
-        sps = self.sps(global_step)
-        mean_return = f"{sum(returns) / len(returns):.1f}" if returns else "n/a"
-        eta = (self.total_steps - global_step) / max(sps, 1)
+        sps, mean_return = self.sps(global_step), self.mean_return()
+        shown = "n/a" if mean_return is None else f"{mean_return:.1f}"
+        eta = (self.last_step - global_step) / max(sps, 1)
         split = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items())
         return (
-            f"global_step={global_step}/{self.total_steps} SPS={sps} episodic_return={mean_return} "
-            f"(last {len(returns)}) elapsed={hms(time.time() - self.start)} ETA={hms(eta)} [{split}]"
+            f"global_step={global_step}/{self.last_step} SPS={sps} episodic_return={shown} "
+            f"(last {len(self.recent_returns)}) elapsed={hms(time.time() - self.start)} ETA={hms(eta)} [{split}]"
         )
 
     def log(self, writer: Any, global_step: int, episodes: list, timings: dict[str, float], restarts: int) -> None:
         """Logs charts/episodic_return and charts/episodic_length of each finished episode (global step, return,
         length), charts/SPS, perf/{part}_seconds and charts/worker_restarts (every rank's), and prints the progress
         line (mean of the last 20 returns) if `every` seconds have passed since the last one, or at the last step."""
+        self.global_step = global_step
         for step, episodic_return, episodic_length in episodes:
-            self.recent_returns.append(episodic_return)
+            self.recent_returns.append(float(episodic_return))
             writer.add_scalar("charts/episodic_return", episodic_return, step)
             writer.add_scalar("charts/episodic_length", episodic_length, step)
         writer.add_scalar("charts/SPS", self.sps(global_step), global_step)
         for name, seconds in timings.items():
             writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
-        if self.speaks and (time.time() - self.last_print >= self.every or global_step >= self.total_steps):
+        if self.speaks and (time.time() - self.last_print >= self.every or global_step >= self.last_step):
             self.last_print = time.time()
-            print(self.line(global_step, list(self.recent_returns), timings), flush=True)
+            print(self.line(global_step, timings), flush=True)
+
+    def figures(self) -> dict[str, Any]:
+        """What a summary and the closing line say: steps, wall time and SPS of this process, the last-20 return."""
+        seconds = time.time() - self.start
+        return {"global_step": self.global_step, "last_step": self.last_step, "seconds": round(seconds, 1),
+                "sps": self.sps(self.global_step), "episodic_return_last_20": self.mean_return(),
+                "episodes_in_that_mean": len(self.recent_returns)}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -306,181 +364,6 @@ def mean_losses(stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
     return dict(zip(stats, means.tolist(), strict=True))
 
 
-@contextlib.contextmanager
-def on_stop(save: Callable[[], Path] | None) -> Iterator[None]:
-    """Calls save() when the block is left by Stopped (SIGINT/SIGTERM) and says where it saved, then lets Stopped go
-    on: the one place a stopped run saves. save() must not wait on env workers: they may be why the user stopped."""
-    try:
-        yield
-    except Stopped:
-        try:
-            if save is not None:
-                path = save()
-                print(f"checkpoint saved to {path}; continue with --resume {path}", file=sys.stderr, flush=True)
-        except RunError as exc:
-            print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr, flush=True)
-        raise
-
-
-def _stop(signum: int, frame: Any) -> None:
-    signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
-    raise Stopped(signum)
-
-
-def run(main: Callable[[Any], None], args_type: type, doc: str) -> None:
-    """Parses args_type from the command line (--help opens with the first two paragraphs of `doc`: description and
-    commands), runs main(args) with SIGINT and SIGTERM raising Stopped, and exits with the status the outcome calls
-    for. Under torchrun every rank exits so; rank 0 alone prints."""
-    import tyro
-
-    script = Path(sys.argv[0]).name
-    speaks = int(os.environ.get("RANK", "0")) == 0
-
-    def fail(status: int, message: str) -> None:
-        if speaks:
-            print(f"{script}: {message}", file=sys.stderr, flush=True)
-        sys.exit(status)
-
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, _stop)
-    try:
-        main(tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2])))
-    except Finished as exc:
-        if speaks:
-            print(f"{script}: {exc}", flush=True)
-    except FlagError as exc:
-        fail(2, f"error: {exc}")
-    except Stopped as exc:
-        fail(128 + exc.signum, f"stopped by {exc}")
-    except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
-        fail(1, f"error: {exc}")
-    sys.exit(0)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block is done (in the main thread), so a stop cannot cut a write short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def save_checkpoint(path: Path | str, state: dict) -> None:
-    """Writes state to path atomically: a temp file, flushed to disk, then renamed over path. On failure the temp
-    file is removed, path keeps its previous contents, and RunError says why. Refuses non-finite tensors."""
-    path = Path(path)
-    tensors = [t for t in _tensors(state) if t.is_floating_point()]
-    if not all(torch.isfinite(t).all() for t in tensors):
-        raise RunError(f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)")
-    tmp = path.with_name(f"{path.name}.tmp")
-    with _signals_held():
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except Exception as exc:  # noqa: BLE001 - a full disk reaches us as OSError or as torch's RuntimeError
-            tmp.unlink(missing_ok=True)
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
-def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
-    """A checkpoint that `script` wrote, read with weights_only=True (loading never runs code); FlagError naming
-    the flag for a missing, unreadable or foreign file."""
-    if not os.path.isfile(path):
-        raise FlagError(f"{flag_name} {path}: no such file")
-    with open(path, "rb") as f:
-        if f.read(4) != b"PK\x03\x04":  # torch.save writes zip archives
-            raise FlagError(f"{flag_name} {path}: not a checkpoint (not a file that torch.save wrote)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, corrupted or foreign files all get the same clear error
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise FlagError(f"{flag_name} {path}: not a readable checkpoint ({reason})") from None
-    written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
-    if written_by != script:
-        what = f"was written by {written_by}" if isinstance(written_by, str) else "is not a checkpoint of this project"
-        raise FlagError(f"{flag_name} {path} {what}; {script} reads only its own checkpoints")
-    return checkpoint
-
-
-def load_resume(path: str, script: str, same: dict[str, Any], num_iterations: int) -> dict:
-    """The checkpoint to resume from: FlagError unless it was written with the same values of `same` (sizes a
-    resumed run cannot change; "world_size" is the number of ranks); Finished if its run has no iterations left."""
-    checkpoint = load_checkpoint(path, "--resume", script)
-    for name, value in same.items():
-        saved = checkpoint["world_size"] if name == "world_size" else checkpoint["args"].get(name)
-        if saved != value:
-            spelled = "the number of ranks (world size)" if name == "world_size" else flag(name)
-            raise FlagError(f"--resume {path} was written with {spelled} {saved}; resume it with {saved}, not {value}")
-    if checkpoint["iteration"] >= num_iterations:
-        raise Finished(f"--resume {path}: that run finished its {num_iterations} iterations already; nothing to do "
-                       "(a larger --total-timesteps continues it)")  # fmt: skip
-    return checkpoint
-
-
-class Checkpoints:
-    """What a run's checkpoints hold, and resuming from one. A checkpoint is a dict: script, args, world_size,
-    iteration (the number done), global_step, the state dict of each of `modules`, rng (one state per rank, None
-    where unknown) and whatever extras the script adds."""
-
-    def __init__(self, script: str, args: Any, modules: dict[str, Any], steps_per_iteration: int, world_size: int = 1):
-        self.script, self.args, self.modules = script, args, modules
-        self.steps_per_iteration, self.world_size = steps_per_iteration, world_size
-
-    def save(self, path: Path | str, done: int, rng: np.random.Generator | list, **extras: Any) -> Path | str:
-        """Writes the checkpoint after `done` iterations to path (atomically) and returns path. rng: this process's
-        generator, or every rank's generator state (None where unknown)."""
-        state = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size,
-                 "iteration": done, "global_step": done * self.steps_per_iteration, **extras,
-                 "rng": [rng.bit_generator.state] if isinstance(rng, np.random.Generator) else rng}  # fmt: skip
-        save_checkpoint(path, state | {name: module.state_dict() for name, module in self.modules.items()})
-        return path
-
-    def resume(self, path: str, same: dict[str, Any], num_iterations: int) -> dict:
-        """Loads checkpoint `path` into the modules and returns it (for rng and extras); FlagError unless it was
-        written with the same values of `same` and world size, Finished if its run has no iterations left."""
-        checkpoint = load_resume(path, self.script, same | {"world_size": self.world_size}, num_iterations)
-        for name, module in self.modules.items():
-            if name not in checkpoint:
-                raise FlagError(f"--resume {path} holds no {name} (an older version of {self.script} wrote it)")
-            load_state(module, checkpoint[name], "--resume", path)
-        return checkpoint
-
-
-def saved_args(checkpoint: dict, args_type: type, **changes: Any) -> Any:
-    """The Args a checkpoint was written with (flags this version no longer has are dropped), with `changes`."""
-    fields = {f.name for f in dataclasses.fields(args_type)}
-    return args_type(**{k: v for k, v in checkpoint["args"].items() if k in fields} | changes)
-
-
-def load_state(module: Any, state: dict, flag_name: str, path: str) -> None:
-    """module.load_state_dict(state), with a mismatch (another env, other sizes) as one FlagError naming the flag."""
-    try:
-        module.load_state_dict(state)
-    except (RuntimeError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0][:200]
-        raise FlagError(f"{flag_name} {path} does not fit this run's model ({reason})") from None
-
-
 def check_finite(losses: dict[str, float], module: torch.nn.Module, where: str) -> None:
     """RunError unless every loss and every weight of module is finite (where: which iteration, for the message)."""
     if not (np.isfinite(list(losses.values())).all() and all(p.isfinite().all() for p in module.parameters())):
@@ -488,53 +371,210 @@ def check_finite(losses: dict[str, float], module: torch.nn.Module, where: str) 
                        "rewards, or lower --learning-rate")  # fmt: skip
 
 
-def get_env_stats(envs: Any, names: list[str]) -> dict[str, list]:
-    """Each env's running statistics (wrapper attributes holding a RunningMeanStd or an array) as tensors, for a
-    checkpoint: {name: [one per env]}."""
-
-    def tensors(value):
-        return rms_state(value) if isinstance(value, RunningMeanStd) else torch.as_tensor(value)
-
-    return {name: [tensors(value) for value in envs.get_attr(name)] for name in names}
+_closing: list[tuple[str, bool]] = []  # the closing line `ending` composed, and whether it goes to stderr
 
 
-def rms_state(rms: RunningMeanStd) -> dict:
-    """A RunningMeanStd as a checkpoint holds it (merge_rms([state]) gives it back, exactly)."""
-    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": rms.count}
+def _lost_rank(exc: BaseException) -> bool:
+    """True for the error a collective raises when another rank is gone (gloo and NCCL say so in their own words)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    text = str(exc).lower()
+    return isinstance(exc, torch.distributed.DistError) or any(
+        s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
+    )
 
 
-def set_env_stats(envs: Any, stats: dict[str, list]) -> None:
-    """Gives each env back the statistics get_env_stats read from it (dtypes included, so a resumed run is exact)."""
-    for name, values in stats.items():
-        envs.set_attr(name, [merge_rms([v]) if isinstance(v, dict) else v.numpy() for v in values])
+def _wait_for_stop(seconds: float) -> Stopped | None:
+    """A stop signal arriving within `seconds`: a scheduler signals every process of a job, and an env's helper it
+    killed may make the env fail a moment before the trainer's own signal arrives."""
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+    except Stopped as exc:
+        return exc
+    return None
 
 
-def merge_rms(stats: list[dict]) -> RunningMeanStd:
-    """One RunningMeanStd from several envs' statistics, as get_env_stats wrote them (parallel-variance merge)."""
-    counts = np.array([s["count"] for s in stats], dtype=np.float64)
-    means, variances = np.stack([s["mean"].numpy() for s in stats]), np.stack([s["var"].numpy() for s in stats])
-    weights = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
-    merged = RunningMeanStd(shape=means.shape[1:])
-    merged.mean = (weights * means).sum(0).astype(means.dtype)
-    merged.var = (weights * (variances + (means - merged.mean) ** 2)).sum(0).astype(variances.dtype)
-    merged.count = float(counts.sum())
-    return merged
+class Run:
+    """What `ending` gives the loop: snapshots of its state after each iteration, and saving the last one as
+    checkpoint.pt with summary.json (rank 0 alone writes; other ranks' calls do nothing)."""
+
+    def __init__(self, script: str, run_dir: Path | None, checkpoints: Any, progress: Progress):
+        self.script, self.run_dir, self.checkpoints, self.progress = script, run_dir, checkpoints, progress
+        self.checkpoint = None if run_dir is None else run_dir / "checkpoint.pt"
+
+    def snapshot(self, done: int, rng: list, **extras: Any) -> None:
+        """The state after `done` iterations, kept for any save until the next snapshot (Checkpoints.snapshot)."""
+        self.checkpoints.snapshot(done, rng, recent_returns=list(self.progress.recent_returns), **extras)
+
+    def save(self, status: str = "running", **state: Any) -> Path | None:
+        """Writes the last snapshot to checkpoint.pt (with `state`, e.g. env_states) and summary.json."""
+        if self.checkpoint is None:
+            return None
+        self.checkpoints.save(self.checkpoint, **state)
+        self.summarize(status)
+        return self.checkpoint
+
+    def summarize(self, status: str) -> dict[str, Any]:
+        saved = self.checkpoints.last
+        summary = {"script": self.script, "status": status, **self.progress.figures(),
+                   "checkpoint": str(self.checkpoint) if self.checkpoint.exists() else None,
+                   "checkpoint_iteration": saved["iteration"] if saved else None}  # fmt: skip
+        results.write_json(self.run_dir / "summary.json", summary)
+        return summary
 
 
-def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, writer: Any = None) -> list[float]:
-    """Raw returns of `episodes` whole episodes on one env (as RecordEpisodeStatistics reports them), acting with
-    act(obs), also logged as eval/episodic_return if a writer is given; closes the env."""
-    returns = []
-    obs, _ = env.reset(seed=seed)
-    while len(returns) < episodes:
-        obs, _, terminated, truncated, info = env.step(act(obs))
-        if terminated or truncated:
-            if "episode" in info:  # absent when only a life ended (Atari): the game goes on
-                returns.append(float(info["episode"]["r"]))
-            obs, _ = env.reset()
-    with contextlib.suppress(Exception):
-        env.close()
-    if writer is not None:
-        for idx, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-    return returns
+@contextlib.contextmanager
+def ending(script: str, run_dir: Path | None, checkpoints: Any, progress: Progress) -> Iterator[Run]:
+    """The one place a run ends, however it ends. Stopped (SIGINT/SIGTERM), an env failure or a lost rank: the last
+    snapshot is saved (after waiting up to a second for a stop signal the failure may have come before). Then, on
+    rank 0 (run_dir not None): summary.json, curve.png and the closing line, which `run` prints last. Put it before
+    the writer in the `with`, so the events are flushed when the curve is drawn. Saving waits on no env worker."""
+    run, status = Run(script, run_dir, checkpoints, progress), "failed"
+    try:
+        yield run
+        status = "done"
+    except Stopped as exc:
+        status = f"stopped by {exc}"
+        _save_on_the_way_out(run)
+        raise
+    except (WorkerError, TimeoutError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not isinstance(exc, WorkerError) and not _lost_rank(exc):
+            raise  # a bug, or a RunError of the script's own (NaN weights): nothing to save
+        stop = _wait_for_stop(1.0)
+        status = f"stopped by {stop}" if stop else "failed"
+        _save_on_the_way_out(run)
+        if stop:
+            raise stop from None
+        raise
+    finally:
+        if run_dir is not None:
+            _close_run(run, status)
+
+
+def _save_on_the_way_out(run: Run) -> None:
+    if run.checkpoints.last is None or run.checkpoint is None:
+        return
+    try:
+        run.save("saving")
+    except RunError as exc:
+        print(f"{run.script}: error: {exc}", file=sys.stderr, flush=True)
+
+
+def _close_run(run: Run, status: str) -> None:
+    """summary.json, curve.png, and the closing line for `run` to print."""
+    summary = run.summarize(status)
+    try:
+        results.plot_curve(run.run_dir, f"{run.script}: {run.run_dir.name}")
+    except Exception as exc:  # noqa: BLE001 - a plot must never hide how the run ended
+        print(f"{run.script}: no curve.png ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+    steps = f"{summary['global_step']} of {summary['last_step']} steps"
+    mean = summary["episodic_return_last_20"]
+    figures = (f"{steps} in {hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
+               f"{'n/a' if mean is None else f'{mean:.1f}'}")  # fmt: skip
+    where = f"results in {run.run_dir} (tensorboard --logdir {run.run_dir.parent})"
+    if summary["checkpoint"]:
+        go_on = status != "done"
+        how = "continue with: python {} --resume {}" if go_on else "evaluate with: python {} --eval-checkpoint {}"
+        where += "; " + how.format(run.script, summary["checkpoint"])
+    _closing.append((f"{run.script}: {status}: {figures}; {where}", status != "done"))
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """The first SIGINT or SIGTERM stops the run (Stopped, raised in the main thread). While it stops, another SIGTERM
+    is ignored (schedulers and torchrun's agent send their own, often twice) and another SIGINT (a second Ctrl-C) ends
+    the process at once; whatever happens, the process ends within STOP_WITHIN seconds."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_end_after, args=(STOP_WITHIN, signum), daemon=True, name="stop-bound").start()
+    raise Stopped(signum)
+
+
+STOP_WITHIN = 120.0  # seconds a stop may take, saving included, before the process ends regardless
+
+
+def _end_after(seconds: float, signum: int) -> None:
+    time.sleep(seconds)
+    print(f"{Path(sys.argv[0]).name}: the stop took over {seconds:g} s; ending now", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def _end_with_launcher() -> None:
+    """Under torchrun: SIGTERM to this rank when its launcher dies (SIGKILL included), so the rank stops through the
+    normal path instead of training on alone. Linux only."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _runtime_dir_for_video() -> None:
+    """A private XDG_RUNTIME_DIR where none is set, before any worker starts: the video stack (SDL) otherwise prints
+    "error: XDG_RUNTIME_DIR is invalid" at every env, though nothing is wrong. Removed at exit."""
+    current = os.environ.get("XDG_RUNTIME_DIR", "")
+    if current and os.path.isdir(current) and os.access(current, os.W_OK):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="ppo-vec-runtime-")  # mode 0700, as SDL asks
+    atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
+
+
+def run(main: Callable[[Any], None], args_type: type, doc: str) -> None:
+    """Parses args_type from the command line (--help opens with the first two paragraphs of `doc`: description and
+    commands), runs main(args) with SIGINT and SIGTERM raising Stopped, and exits with the status the outcome calls
+    for, after the closing line. Under torchrun every rank exits so; a rank that fails prints its own reason, with its
+    rank; flag errors and stops are said by rank 0 alone."""
+    import tyro
+
+    script = Path(sys.argv[0]).name
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    me = f"{script}: rank {rank}" if world_size > 1 else script
+
+    def fail(status: int, message: str, every_rank: bool = False) -> None:
+        if rank == 0 or every_rank:
+            print(f"{me if every_rank else script}: {message}", file=sys.stderr, flush=True)
+        close(status)
+
+    def close(status: int) -> None:
+        for line, to_stderr in _closing:
+            print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+        guardian.look_now()
+        sys.exit(status)
+
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _stop)
+    _end_with_launcher()
+    guardian.watch_this_process()
+    try:
+        check_bool_values(args_type, sys.argv[1:])
+        args = tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2]))
+        if getattr(args, "capture_video", False):
+            _runtime_dir_for_video()
+        main(args)
+    except Finished as exc:
+        if rank == 0:
+            print(f"{script}: {exc}", flush=True)
+    except FlagError as exc:
+        fail(2, f"error: {exc}")
+    except Stopped as exc:
+        if rank == 0 and not _closing:  # stopped before training started: nothing else to say
+            print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
+        close(128 + exc.signum)
+    except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
+        fail(1, f"error: {exc}", every_rank=True)
+    except Exception as exc:  # noqa: BLE001 - a lost rank is one line; anything else is a bug, with its traceback
+        if not _lost_rank(exc):
+            traceback.print_exc()
+            close(1)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        fail(1, f"error: lost contact with another rank ({reason}); that rank's own message says why", every_rank=True)
+    close(0)

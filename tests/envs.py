@@ -262,10 +262,16 @@ class HelperEnv(FaultyEnv):
             self.helper_pid = pid
         else:
             self.helper_pid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]).pid
+        if os.environ.get("PPO_VEC_TEST_PIDS"):  # where the end-to-end tests look for what outlived a run
+            open(os.path.join(os.environ["PPO_VEC_TEST_PIDS"], f"helper-{self.helper_pid}"), "w").close()
 
     def step(self, action):
         time.sleep(self.step_seconds)  # a costly step: the default layout spreads such envs over workers
         return super().step(action)
+
+
+gym.register("HelperExec-v0", entry_point=HelperEnv, kwargs={"helper": "exec"}, max_episode_steps=200)
+gym.register("HelperFork-v0", entry_point=HelperEnv, kwargs={"helper": "fork"}, max_episode_steps=200)
 
 
 class HangsWhenBuilt(CounterEnv):

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from common import experiment
+from common import checkpointing
 from tests.helpers import REPO, descendants, leftovers, run_script
 
 pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
@@ -22,8 +22,10 @@ def write_files(folder):
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("not a checkpoint\n")
     for script in ("ppo_vec.py", "ppo_atari_multigpu.py"):
-        state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
-        experiment.save_checkpoint(folder / f"{script[:-3]}.pt", state)
+        state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1, "norm": {}}
+        checkpointing.save_checkpoint(folder / f"{script[:-3]}.pt", state)
+    state = {"script": "ppo_vec.py", "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
+    checkpointing.save_checkpoint(folder / "incomplete.pt", state)  # no "norm"
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
     return folder
 
@@ -35,10 +37,16 @@ CASES = [
     (VEC, ["--resume", "notes.txt"], "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)"),
     (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
     (VEC, ["--resume", "missing.pt"], "--resume missing.pt: no such file"),
+    (VEC, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt holds no rng and no optimizer and no reward_scaler: not"),
+    (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no norm: not a whole checkpoint"),
+    (VEC, ["--eval-checkpoint", "ppo_vec.pt", "--env-id", "Acrobot-v1"], "a policy for CartPole-v1, not --env-id"),
+    (ATARI, ["--capture-video", "True"], "--capture-video is a switch and takes no value (got 'True'): write"),
+    (VEC, ["--norm-reward=false"], "--norm-reward is a switch and takes no value (got 'false')"),
+    (VEC, ["--exp-name", "x" * 250], "--exp-name must be at most 200 bytes (it names a folder"),
     (VEC, ["--env-id", "broken_envs:Thing-v0"], "importing broken_envs failed (RuntimeError: needs a licence file)"),
     (VEC, ["--env-id", "CartPol-v1"], "'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"),
-    (VEC, ["--env-id", "ALE/Breakout-v5"], "has image observations Box(0, 255, (210, 160, 3), uint8); use ppo_atari"),
-    (VEC, ["--env-id", "tests.envs:SequenceObs-v0"], "has observations Sequence(Discrete(3), stack=False), which do "),
+    (VEC, ["--env-id", "ALE/Breakout-v5"], "(210, 160, 3), uint8); ppo_vec.py needs ones that flatten to a vector"),
+    (VEC, ["--env-id", "tests.envs:SequenceObs-v0"], "has observations Sequence(Discrete(3), stack=False); ppo_vec"),
     (VEC, ["--env-id", "CartPole-v1", "--norm-obs"], "--norm-obs normalizes the observations of Box-action envs; Car"),
     (VEC, ["--env-id", "my_envs:MyEnv-v0"], "my_envs must be importable from here: run from the folder that holds it"),
     (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari env id"),

@@ -45,8 +45,8 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, script, args, steps_per_i
     assert resumed["iteration"] == expected["iteration"] == 4 and resumed["rng"] == expected["rng"]
     for key in ("model", "optimizer", "norm", "reward_scaler") if script == VEC else ("model", "optimizer"):
         torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0)
-    if "Pendulum-v1" in args:  # statistics of all 4 iterations and both resets, not only of those after the resume
-        assert resumed["norm"]["obs_rms"][0]["count"] == pytest.approx(4 * 32 + 2, abs=0.01)
+    if "Pendulum-v1" in args:  # statistics of all 4 iterations and of one reset: the resumed envs are the saved ones
+        assert resumed["norm"]["obs_rms"][0]["count"] == pytest.approx(4 * 32 + 1, abs=0.01)
     steps = [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]]
     assert steps == [steps_per_iteration * i for i in range(1, 5)]  # one curve, continued by the resumed run
     out = run_script(script, resume, first)  # once more: nothing left to do

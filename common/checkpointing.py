@@ -1,0 +1,251 @@
+"""Checkpoint files, written once for both scripts: what a checkpoint holds, writing it so that no stop or full disk
+leaves a broken one, reading it back without running code, resuming from it, and the envs' running statistics.
+
+A run keeps a snapshot of its state after each iteration (`Checkpoints.snapshot`: a copy, cheap next to an
+iteration) and writes that snapshot, whatever the moment of the save: a periodic save, the final one, or the one a
+stop or an env failure makes. So a checkpoint is always labelled with the iteration its weights, optimizer,
+random generators and statistics come from, and a resumed run neither repeats nor skips one. Only the periodic and
+final saves, made between iterations, hold the envs' states too (SubprocVecEnv.save_env_states): resumed from
+those, a run continues bit for bit where every env can be saved (common/env_state.py), and with fresh episodes where
+not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import errno
+import io
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.wrappers.utils import RunningMeanStd
+
+from common.experiment import Finished, FlagError, RunError, flag, given_flags
+
+
+def save_checkpoint(path: Path | str, state: dict) -> None:
+    """Writes state to path atomically: to memory, then a temp file flushed to disk, then renamed over path. On
+    failure the temp file is removed, path keeps its previous contents, and RunError says why in one line (a full disk
+    as "no space left on device"). Refuses non-finite tensors."""
+    path = Path(path)
+    if not all(torch.isfinite(t).all() for t in _tensors(state) if t.is_floating_point()):
+        raise RunError(f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)")
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+    except Exception as exc:  # noqa: BLE001 - something in the state does not pickle
+        raise RunError(f"could not write {path} ({exc}); the previous file, if any, is unchanged") from None
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = buffer.getbuffer()
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if not isinstance(exc, OSError):
+            raise  # a stop in the middle: the stop path writes the same snapshot again
+        reason = "no space left on device" if exc.errno == errno.ENOSPC else f"{type(exc).__name__}: {exc.strerror}"
+        raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def load_checkpoint(path: str, flag_name: str, script: str, needs: tuple[str, ...] = ()) -> dict:
+    """A checkpoint that `script` wrote, read with weights_only=True (loading never runs code); FlagError naming
+    the flag for a missing, unreadable, foreign or incomplete file (`needs`: the entries it must hold)."""
+    if not os.path.isfile(path):
+        raise FlagError(f"{flag_name} {path}: no such file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # torch.save writes zip archives
+            raise FlagError(f"{flag_name} {path}: not a checkpoint (not a file that torch.save wrote)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated, corrupted or foreign files all get the same clear error
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise FlagError(f"{flag_name} {path}: not a readable checkpoint ({reason})") from None
+    written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if written_by != script:
+        what = f"was written by {written_by}" if isinstance(written_by, str) else "is not a checkpoint of this project"
+        raise FlagError(f"{flag_name} {path} {what}; {script} reads only its own checkpoints")
+    missing = [name for name in ("args", "model", *needs) if name not in checkpoint]
+    if missing:
+        raise FlagError(f"{flag_name} {path} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} "
+                        "(an older version, or a file edited since)")  # fmt: skip
+    return checkpoint
+
+
+class Checkpoints:
+    """What a run's checkpoints hold, and resuming from one. A checkpoint is a dict: script, args, world_size,
+    iteration (the number done), global_step, the state dict of each of `modules`, rng (one generator state per rank,
+    None where unknown), env_states (one per rank, bytes as a uint8 tensor, or None) and whatever extras the script
+    adds."""
+
+    def __init__(self, script: str, args: Any, modules: dict[str, Any], steps_per_iteration: int, world_size: int = 1):
+        self.script, self.args, self.modules = script, args, modules
+        self.steps_per_iteration, self.world_size = steps_per_iteration, world_size
+        self.last: dict | None = None  # the latest snapshot: what any save writes
+
+    def snapshot(self, done: int, rng: list, **extras: Any) -> None:
+        """Notes the state after `done` iterations (copies: training goes on changing the originals). rng: every
+        rank's generator state, None where this process does not know it."""
+        state = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size,
+                 "iteration": done, "global_step": done * self.steps_per_iteration, "rng": rng,
+                 "env_states": None, **extras}  # fmt: skip
+        state.update({name: copy.deepcopy(module.state_dict()) for name, module in self.modules.items()})
+        self.last = state  # one assignment: a stop during the copy leaves the previous snapshot whole
+
+    def save(self, path: Path | str, env_states: list[bytes | None] | None = None, **changes: Any) -> Path | str:
+        """Writes the last snapshot to path (atomically), with the envs' states (one per rank, from
+        SubprocVecEnv.save_env_states, None where they could not be saved) and `changes`, which belong to the snapshot
+        from now on; returns path."""
+        if env_states is not None and all(s is not None for s in env_states):
+            self.last["env_states"] = [torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in env_states]
+        self.last.update(changes)  # taken at the snapshot's boundary too: a stop during the write saves them again
+        save_checkpoint(path, self.last)
+        return path
+
+    def resume(self, path: str, same: dict[str, Any], num_iterations: int, needs: tuple[str, ...] = ()) -> dict:
+        """Loads checkpoint `path` into the modules and returns it (for rng and extras). FlagError unless it holds
+        the modules and `needs` and was written with the same values of `same` and world size (sizes a resumed run
+        cannot change); Finished if its run has no iterations left."""
+        checkpoint = load_checkpoint(path, "--resume", self.script, ("iteration", "rng", *self.modules, *needs))
+        for name, value in (same | {"world_size": self.world_size}).items():
+            saved = checkpoint.get("world_size") if name == "world_size" else checkpoint["args"].get(name)
+            if saved != value:
+                spelled = "the number of ranks (world size)" if name == "world_size" else flag(name)
+                raise FlagError(f"--resume {path} was written with {spelled} {saved}; resume it with {saved}, "
+                                f"not {value}")  # fmt: skip
+        if checkpoint["iteration"] >= num_iterations:
+            raise Finished(f"--resume {path}: that run finished its {num_iterations} iterations already; nothing to "
+                           "do (a larger --total-timesteps continues it)")  # fmt: skip
+        for name, module in self.modules.items():
+            load_state(module, checkpoint[name], "--resume", path)
+        return checkpoint
+
+
+def env_states_of(checkpoint: dict, rank: int = 0) -> bytes | None:
+    """The envs' states a checkpoint holds for `rank` (bytes for SubprocVecEnv.load_env_states), or None."""
+    states = checkpoint.get("env_states")
+    return None if states is None else states[rank].numpy().tobytes()
+
+
+def load_for_eval(path: str, script: str, args_type: type, env_id: str | None, **changes: Any) -> tuple[dict, Any]:
+    """The checkpoint to evaluate, and the Args it was trained with (with `changes`). FlagError if --env-id was given
+    and names another env than the one the policy was trained on (evaluate that one: drop --env-id)."""
+    checkpoint = load_checkpoint(path, "--eval-checkpoint", script, ("norm",) if script == "ppo_vec.py" else ())
+    saved = saved_args(checkpoint, args_type, **changes)
+    if env_id is not None and "--env-id" in given_flags() and env_id != saved.env_id:
+        raise FlagError(f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id {env_id}: drop "
+                        f"--env-id (the policy is evaluated on {saved.env_id})")  # fmt: skip
+    return checkpoint, saved
+
+
+def saved_args(checkpoint: dict, args_type: type, **changes: Any) -> Any:
+    """The Args a checkpoint was written with (flags this version no longer has are dropped), with `changes`."""
+    fields = {f.name for f in dataclasses.fields(args_type)}
+    return args_type(**{k: v for k, v in checkpoint["args"].items() if k in fields} | changes)
+
+
+def load_state(module: Any, state: dict, flag_name: str, path: str) -> None:
+    """module.load_state_dict(state), with a mismatch as one FlagError naming the flag, and for a model the first
+    tensor that differs and both shapes (a checkpoint of another env, or of other sizes)."""
+    if isinstance(module, torch.nn.Module):
+        own = module.state_dict()
+        for name in [*own, *state]:
+            if name not in own or name not in state:
+                where = "this run's model has" if name in own else "the checkpoint has"
+                raise FlagError(f"{flag_name} {path} does not fit this run's model: {where} {name}, the other not")
+            if tuple(own[name].shape) != tuple(state[name].shape):
+                raise FlagError(f"{flag_name} {path} does not fit this run's model: {name} has shape "
+                                f"{tuple(state[name].shape)} there, {tuple(own[name].shape)} here (another env, or "
+                                "other sizes?)")  # fmt: skip
+    try:
+        module.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise FlagError(f"{flag_name} {path} does not fit this run's {type(module).__name__} ({reason})") from None
+
+
+def get_env_stats(envs: Any, names: list[str]) -> dict[str, list]:
+    """Each env's running statistics (wrapper attributes holding a RunningMeanStd or an array) as tensors, for a
+    checkpoint: {name: [one per env]}."""
+
+    def tensors(value):
+        return rms_state(value) if isinstance(value, RunningMeanStd) else torch.as_tensor(value)
+
+    return {name: [tensors(value) for value in envs.get_attr(name)] for name in names}
+
+
+def rms_state(rms: RunningMeanStd) -> dict:
+    """A RunningMeanStd as a checkpoint holds it (merge_rms([state]) gives it back, exactly)."""
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": rms.count}
+
+
+def set_env_stats(envs: Any, stats: dict[str, list]) -> None:
+    """Gives each env back the statistics get_env_stats read from it (dtypes included, so a resumed run is exact)."""
+    for name, values in stats.items():
+        envs.set_attr(name, [merge_rms([v]) if isinstance(v, dict) else v.numpy() for v in values])
+
+
+def merge_rms(stats: list[dict]) -> RunningMeanStd:
+    """One RunningMeanStd from several envs' statistics, as get_env_stats wrote them (parallel-variance merge)."""
+    counts = np.array([s["count"] for s in stats], dtype=np.float64)
+    means, variances = np.stack([s["mean"].numpy() for s in stats]), np.stack([s["var"].numpy() for s in stats])
+    weights = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
+    merged = RunningMeanStd(shape=means.shape[1:])
+    merged.mean = (weights * means).sum(0).astype(means.dtype)
+    merged.var = (weights * (variances + (means - merged.mean) ** 2)).sum(0).astype(variances.dtype)
+    merged.count = float(counts.sum())
+    return merged
+
+
+def start_envs(envs: Any, checkpoint: dict | None, rank: int, seed: int, stats: dict[str, list]) -> Any:
+    """The envs as a run starts them: put back as they were, if the checkpoint holds their states (a periodic or
+    final save); else reset with `seed`, after giving them the statistics `stats` (a new run passes none). Returns
+    the observations to act on first."""
+    saved = env_states_of(checkpoint, rank) if checkpoint is not None else None
+    if saved is not None:
+        return envs.load_env_states(saved)
+    set_env_stats(envs, stats)
+    return envs.reset(seed=seed)[0]
+
+
+def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, writer: Any = None) -> list[float]:
+    """Raw returns of `episodes` whole episodes on one env (as RecordEpisodeStatistics reports them), acting with
+    act(obs), also logged as eval/episodic_return if a writer is given; closes the env."""
+    returns = []
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < episodes:
+        obs, _, terminated, truncated, info = env.step(act(obs))
+        if terminated or truncated:
+            if "episode" in info:  # absent when only a life ended (Atari): the game goes on
+                returns.append(float(info["episode"]["r"]))
+            obs, _ = env.reset()
+    with contextlib.suppress(Exception):
+        env.close()
+    if writer is not None:
+        for idx, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, idx)
+    return returns

@@ -1,0 +1,210 @@
+"""Long runs on a cluster, end to end, where the survival mechanisms meet: checkpoints never change training, a stop
+at any moment (mid-save, signalled to any thread) leaves one correctly labelled checkpoint, signals to every process
+of a job end in the trainer's stop path, a failing rank says why with its rank, ranks end with their launcher, and
+nothing a run started outlives it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.results import read_scalars
+from tests.helpers import alive, descendants, only_run_dir, run_script
+from tests.test_faults import FAULT_ENV, fault_env, rank_pid, start_torchrun, start_training, stop
+from tests.test_ppo_atari_multigpu import SCRIPT as ATARI
+from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
+from tests.test_ppo_vec import SCRIPT as VEC
+from tests.test_ppo_vec import TINY as VEC_TINY
+
+pytestmark = pytest.mark.e2e
+CARTPOLE = [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"]  # 128 steps an iteration, in the trainer
+
+
+def learning_curves(run_dir: Path) -> dict:
+    """Every scalar a run logged but those that time it (SPS, perf/*)."""
+    return {tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS" and "perf/" not in tag}
+
+
+@pytest.mark.parametrize(("script", "args", "steps"), [(VEC, CARTPOLE, 128), (ATARI, ATARI_TINY, 16)])
+def test_checkpointing_is_invisible_to_training(tmp_path, script, args, steps):
+    """The same run with and without --checkpoint-interval 1 logs the same numbers, episodes and losses alike."""
+    curves = []
+    for interval in ("0", "1"):
+        cwd = tmp_path / interval
+        cwd.mkdir()
+        out = run_script(script, [*args, "--total-timesteps", 6 * steps, "--checkpoint-interval", interval], cwd)
+        assert out.returncode == 0, out.stderr
+        curves.append(learning_curves(only_run_dir(cwd)))
+    assert curves[0] == curves[1]
+    assert len(curves[0]["losses/value_loss"]) == 6
+    if script == VEC:  # episodes crossed the iteration boundaries the saves fell on
+        assert max(length for _, length in curves[0]["charts/episodic_length"]) > 32
+
+
+SLOW_SAVE = """
+import os, sys, time
+_fsync = os.fsync
+
+def fsync(fd):
+    if os.readlink(f"/proc/self/fd/{fd}").endswith("checkpoint.pt.tmp"):
+        print("saving", file=sys.stderr, flush=True)
+        time.sleep(3)
+    _fsync(fd)
+
+os.fsync = fsync
+"""
+
+
+def thread_kill(pid: int, tid: int, sig: int) -> None:
+    """Sends sig to one thread of another process (tgkill), as the kernel may deliver a process's signal."""
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]
+    assert ctypes.CDLL(None, use_errno=True).syscall(number, pid, tid, sig) == 0
+
+
+def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
+    """SIGTERM to a thread other than the main one while the first periodic checkpoint is being written (its fsync
+    made slow): the checkpoint written is labelled with the iteration whose weights it holds, and the resumed run
+    ends where a run never stopped ends, every iteration logged once."""
+    args = [*CARTPOLE, "--checkpoint-interval", "1", "--no-anneal-lr", "--save-model", "--eval-episodes", "0"]
+    args += ["--total-timesteps", 6 * 128]
+    (tmp_path / "full").mkdir()
+    out = run_script(VEC, args, tmp_path / "full")
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "sitecustomize.py").write_text(SLOW_SAVE)
+    (tmp_path / "stopped").mkdir()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(tmp_path / "hooks"))
+    proc = subprocess.Popen([sys.executable, str(VEC), *map(str, args)], cwd=tmp_path / "stopped", env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stderr.readline() == "saving\n"
+    threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
+    thread_kill(proc.pid, threads[-1], signal.SIGTERM)  # the newest thread: not the main one, if there are others
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    run_dir = only_run_dir(tmp_path / "stopped")
+    assert [p.name for p in run_dir.glob("*.tmp")] == []
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert saved["iteration"] == 1 and saved["env_states"] is not None  # the snapshot being saved, with its envs
+    out = run_script(VEC, [*args, "--resume", run_dir / "checkpoint.pt"], tmp_path / "stopped")
+    assert out.returncode == 0, out.stderr
+    expected = torch.load(only_run_dir(tmp_path / "full") / "ppo_vec.cleanrl_model", weights_only=True)
+    resumed = torch.load(run_dir / "ppo_vec.cleanrl_model", weights_only=True)
+    for key in ("model", "optimizer", "reward_scaler"):
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0)
+    steps = [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]]
+    assert steps == [128 * i for i in range(1, 7)]  # each iteration once: none repeated, none skipped
+
+
+@pytest.mark.parametrize("gap", [0.02, 0.0])
+def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap):
+    """A scheduler signals every process of a job: the workers (and the forkserver, and the watcher) first, the
+    trainer `gap` seconds later. The workers leave stopping to the trainer, which saves, then resumes."""
+    args = [*FAULT_ENV, *VEC_TINY, "--num-workers", "2"]
+    proc = start_training(VEC, [*args, "--total-timesteps", "10000000"], tmp_path, fault_env(tmp_path))
+    family = descendants(proc.pid)
+    assert len(family) >= 3  # two workers, a forkserver, the watcher
+    for pid in family:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(gap)
+    stderr = stop(proc, signal.SIGTERM, within=15)
+    assert proc.returncode == 143, stderr
+    assert "WorkerError" not in stderr and "was killed" not in stderr
+    assert stderr.splitlines()[-1].startswith("ppo_vec.py: stopped by SIGTERM: ")
+    assert "continue with: python ppo_vec.py --resume runs/" in stderr
+    checkpoint = only_run_dir(tmp_path) / "checkpoint.pt"
+    total = torch.load(checkpoint, weights_only=True)["global_step"] + 2 * 128
+    out = run_script(VEC, [*args, "--total-timesteps", total, "--resume", checkpoint], tmp_path, timeout=300,
+                     extra_env=fault_env(tmp_path))  # fmt: skip
+    assert out.returncode == 0 and f"global_step={total}/{total}" in out.stdout, out.stderr
+
+
+def forkserver_children(rank: int) -> list[int]:
+    """The worker processes of a rank: children of the forkserver it started."""
+    for pid in descendants(rank):
+        if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return sorted(int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    raise AssertionError(f"rank {rank} has no forkserver")
+
+
+def test_a_failing_rank_says_why_with_its_rank(tmp_path):
+    proc = start_torchrun(tmp_path, extra=["--num-workers", "1"])
+    worker = forkserver_children(rank_pid(proc.pid, 1))[0]
+    os.kill(worker, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    line = next(line for line in stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: error: "))
+    assert f"worker 0 (pid {worker}, envs [0, 1]) was killed by SIGKILL" in line
+    assert "Traceback" not in stderr.split("ppo_atari_multigpu.py: rank 1: error")[0][-2000:]
+
+
+def test_ranks_stop_and_save_when_their_launcher_dies(tmp_path):
+    """SIGKILL to torchrun's agent alone: each rank is told (SIGTERM), stops through its stop path within seconds
+    (rank 0 saves), and leaves nothing behind."""
+    proc = start_torchrun(tmp_path)
+    family = descendants(proc.pid)
+    start = time.monotonic()
+    proc.kill()
+    proc.communicate(timeout=60)  # its pipes close once every rank has ended
+    deadline = time.monotonic() + 10
+    while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in family if alive(pid)] and time.monotonic() - start < 30
+    assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["world_size"] == 2
+
+
+def helpers(tmp_path) -> list[int]:
+    return [int(p.name.split("-")[1]) for p in (tmp_path / "pids").glob("helper-*")]
+
+
+def all_gone(pids: list[int], within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.parametrize("ending", ["done", "SIGTERM", "SIGKILL"])
+def test_helpers_of_envs_in_the_trainer_end_with_the_run(tmp_path, ending):
+    """Envs stepped in the trainer (and the ones the flag check builds) start a helper process each: however the run
+    ends, none outlives it."""
+    args = ["--env-id", "tests.envs:HelperExec-v0", *VEC_TINY, "--num-workers", "0"]
+    if ending == "done":
+        out = run_script(VEC, [*args, "--total-timesteps", "256"], tmp_path, extra_env=fault_env(tmp_path))
+        assert out.returncode == 0, out.stderr
+    else:
+        proc = start_training(VEC, [*args, "--total-timesteps", "10000000"], tmp_path, fault_env(tmp_path))
+        time.sleep(1.5)  # the watcher has looked since the envs were built
+        proc.send_signal(getattr(signal, ending))
+        proc.communicate(timeout=60)
+    assert len(helpers(tmp_path)) == 5  # the flag check's env and the run's 4
+    assert all_gone(helpers(tmp_path)), "env helpers outlived the run"
+
+
+def test_a_finished_run_requeued_with_its_resume_command_does_nothing(tmp_path):
+    """A job requeued after its run finished (resumed earlier from a stop) finds the final checkpoint: nothing to do,
+    nothing retrained, the model left as it was."""
+    args = [*CARTPOLE, "--total-timesteps", "384", "--save-model", "--eval-episodes", "0"]
+    out = run_script(VEC, args, tmp_path)
+    assert out.returncode == 0, out.stderr
+    run_dir = only_run_dir(tmp_path)
+    model = (run_dir / "ppo_vec.cleanrl_model").read_bytes()
+    out = run_script(VEC, [*args, "--resume", run_dir / "checkpoint.pt"], tmp_path)
+    assert out.returncode == 0 and "that run finished its 3 iterations already; nothing to do" in out.stdout
+    assert (run_dir / "ppo_vec.cleanrl_model").read_bytes() == model and out.stderr == ""
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "runs").write_text("not a folder")
+    out = run_script(VEC, CARTPOLE, tmp_path)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == (f"ppo_vec.py: error: cannot make the run folder in {tmp_path / 'runs'} (a file of that "
+                          "name is in the way); run from a folder you can write to\n")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -111,6 +112,43 @@ def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
     assert CLEANRL_TAGS <= scalars.keys()
     assert [step for step, _ in scalars["losses/value_loss"]] == [128 * i for i in range(1, 9)]  # 8 iterations
     assert all(0 < r <= 500 for _, r in scalars["charts/episodic_return"])
+
+
+@pytest.mark.e2e
+def test_a_run_leaves_its_results_and_says_how_it_ended(tmp_path):
+    """The quickstart's command with a total that is not a multiple of the batch: the last iteration's progress line,
+    the closing line, the run folder's files, and the README's evaluation command right after."""
+    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1000", "--num-workers", "0"], tmp_path)  # 7 x 128
+    assert out.returncode == 0, out.stderr
+    run_dir = only_run_dir(tmp_path)
+    lines = out.stdout.splitlines()
+    assert lines[-2].startswith("global_step=896/896 SPS=")
+    assert re.fullmatch(rf"ppo_vec.py: done: 896 of 896 steps in 0:00:\d\d \(\d+ SPS\), last-20 return \d+\.\d; "
+                        rf"results in runs/{run_dir.name} \(tensorboard --logdir runs\); evaluate with: python "
+                        rf"ppo_vec.py --eval-checkpoint runs/{run_dir.name}/checkpoint.pt", lines[-1])  # fmt: skip
+    assert {p.name for p in run_dir.iterdir()} >= {"args.json", "summary.json", "checkpoint.pt", "curve.png"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["global_step"] == 896 and summary["checkpoint_iteration"] == 7
+    assert json.loads((run_dir / "args.json").read_text())["total_timesteps"] == 1000
+    evaluate = ["--eval-checkpoint", f"runs/{run_dir.name}/checkpoint.pt", "--eval-episodes", "2"]
+    out = run_script(SCRIPT, evaluate, tmp_path)
+    assert out.returncode == 0 and "eval: mean return" in out.stdout and "over 2 episodes" in out.stdout, out.stderr
+
+
+@pytest.mark.e2e
+def test_a_failed_run_saves_its_last_iteration_and_says_so(tmp_path):
+    from tests.test_faults import FAULT_ENV, fault_env
+
+    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--num-workers", "2"]
+    out = run_script(SCRIPT, args, tmp_path, extra_env=fault_env(tmp_path, "raise:70"))
+    assert out.returncode == 1
+    run_dir = only_run_dir(tmp_path)
+    assert "ppo_vec.py: error: env " in out.stderr and "raised ValueError: boom" in out.stderr  # at its 70th step
+    assert out.stderr.splitlines()[-1].startswith("ppo_vec.py: failed: 256 of 2048 steps in ")
+    assert out.stderr.endswith(f"; continue with: python ppo_vec.py --resume runs/{run_dir.name}/checkpoint.pt\n")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["checkpoint_iteration"] == 2  # the last whole iteration
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] == 2
 
 
 @pytest.mark.parametrize(("env_id", "norm_obs"), [("Pendulum-v1", True), ("Pendulum-v1", False), ("CartPole-v1", True)])

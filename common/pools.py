@@ -3,8 +3,10 @@ a slice of the envs) and `InProcessPool` (every env in the calling process). Bot
 them, then `collect` the replies) and report failures the same way: `WorkerError` for an env that raised or a worker
 that died, `WorkerTimeout` for a worker silent past the bound.
 
-A worker's death is seen from its process sentinel, not only from its pipe (an env may have forked a helper that keeps
-the pipe open); no read waits past the bound (the parent reads only what has arrived).
+A worker's death is seen from its process (a pidfd), not only from its pipe (an env may have forked a helper that
+keeps the pipe open), and not from multiprocessing's sentinel: a forkserver's sentinels all turn readable when the
+forkserver dies (a scheduler signals every process of a job), though the workers it forked live on. No read waits
+past the bound: the parent reads only what has arrived.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class WorkerPool:
         self.stuck: set[int] = set()  # workers that failed to answer in time: killed, not asked, on close
         self.poller = select.poll()  # every worker's socket and process sentinel (readable once it exits)
         self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
+        self.sentinels: list[int] = []  # readable once worker w has exited (_process_fd)
         self.pending: dict[int, Command] = {}  # worker -> command awaiting its reply
         self.replies: dict[int, Any] = {}
         self.block_fd: int | None = None
@@ -193,8 +196,13 @@ class WorkerPool:
             self.procs.append(proc)
             self.conns.append(conn)
         self.poller.register(conn.fd, select.POLLIN)
-        self.poller.register(proc.sentinel, select.POLLIN)
-        self.fd_owner[conn.fd], self.fd_owner[proc.sentinel] = (w, False), (w, True)
+        sentinel = _process_fd(proc)
+        if w < len(self.sentinels):
+            self.sentinels[w] = sentinel
+        else:
+            self.sentinels.append(sentinel)
+        self.poller.register(sentinel, select.POLLIN)
+        self.fd_owner[conn.fd], self.fd_owner[sentinel] = (w, False), (w, True)
         self.pending[w] = Command.MAKE
 
     # ------------------------------------------------------------------------------------------------ commands
@@ -274,7 +282,7 @@ class WorkerPool:
 
     def _unwatch(self, w: int) -> None:
         """Takes worker `w`'s socket and sentinel out of the poll set: its exit is known, not news."""
-        for fd in (self.conns[w].fd, self.procs[w].sentinel):
+        for fd in (self.conns[w].fd, self.sentinels[w]):
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
@@ -284,6 +292,7 @@ class WorkerPool:
         the rebuild (WorkerError, WorkerTimeout)."""
         self._unwatch(w)
         self.conns[w].close()
+        _close_process_fd(self.sentinels[w], self.procs[w])
         processes.end_processes([self.procs[w]], grace=0.0)
         self.pending.pop(w, None)
         self.replies.pop(w, None)
@@ -313,10 +322,25 @@ class WorkerPool:
     def close(self, timeout: float) -> None:
         """Asks every worker to exit, waits up to `timeout`, then kills what is left, helpers included."""
         self.finalizer.detach()
+        for fd, proc in zip(self.sentinels, self.procs, strict=True):
+            _close_process_fd(fd, proc)
         _shutdown(self.procs, self.conns, self.stuck, timeout)
         if self.block_fd is not None:
             os.close(self.block_fd)
             self.block_fd = None
+
+
+def _process_fd(proc: Any) -> int:
+    """A file descriptor readable once `proc` has exited: a pidfd (Linux 5.3+), else multiprocessing's sentinel."""
+    try:
+        return os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return proc.sentinel
+
+
+def _close_process_fd(fd: int, proc: Any) -> None:
+    if fd != proc.sentinel:  # multiprocessing closes its own
+        os.close(fd)
 
 
 def _shutdown(procs: list, conns: list, stuck: set[int], timeout: float) -> None:

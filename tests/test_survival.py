@@ -104,17 +104,19 @@ def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
     assert steps == [128 * i for i in range(1, 7)]  # each iteration once: none repeated, none skipped
 
 
-@pytest.mark.parametrize("gap", [0.02, 0.0])
+@pytest.mark.parametrize("gap", [0.02, 0.0, 0.5])
 def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap):
     """A scheduler signals every process of a job: the workers (and the forkserver, and the watcher) first, the
     trainer `gap` seconds later. The workers leave stopping to the trainer, which saves, then resumes."""
     args = [*FAULT_ENV, *VEC_TINY, "--num-workers", "2"]
     proc = start_training(VEC, [*args, "--total-timesteps", "10000000"], tmp_path, fault_env(tmp_path))
     family = descendants(proc.pid)
-    assert len(family) >= 3  # two workers, a forkserver, the watcher
+    workers = [int(p.name) for p in (tmp_path / "pids").iterdir() if int(p.name) in family]
+    assert len(family) >= 3 and len(workers) == 2  # two workers, a forkserver, the watcher
     for pid in family:
         os.kill(pid, signal.SIGTERM)
     time.sleep(gap)
+    assert all(alive(pid) for pid in workers)  # still at work: stopping is the trainer's
     stderr = stop(proc, signal.SIGTERM, within=15)
     assert proc.returncode == 143, stderr
     assert "WorkerError" not in stderr and "was killed" not in stderr

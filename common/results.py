@@ -73,3 +73,107 @@ def plot_curve(run_dir: Path, title: str) -> Path | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------------------------------------- several runs, compared
+def episodes(run_dir: Path | str) -> tuple[Any, Any, Any]:
+    """A run's episodes as arrays: global step, raw return, and seconds since the run's first logged point."""
+    import numpy as np
+
+    scalars = read_scalars(run_dir, wall_time=True)
+    points = scalars.get("charts/episodic_return", [])
+    start = min((p[2] for values in scalars.values() for p in values), default=0.0)
+    steps, returns, wall = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3
+    return np.asarray(steps), np.asarray(returns), np.asarray(wall) - start
+
+
+def final_return(run_dir: Path | str, last: int = 20) -> float:
+    """The mean raw return of a run's last `last` episodes (NaN if it has none)."""
+    import numpy as np
+
+    returns = episodes(run_dir)[1]
+    return float(np.mean(returns[-last:])) if len(returns) else float("nan")
+
+
+def aggregate(values: list[float], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
+    """Mean, standard deviation and interquartile mean (IQM: the mean of the middle half) over runs, with a percentile
+    bootstrap confidence interval of the IQM over the runs (scipy.stats.bootstrap, a fixed random generator)."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    out = {"runs": len(x), "mean": float(np.mean(x)), "std": float(np.std(x, ddof=1)) if len(x) > 1 else 0.0}
+    out["iqm"] = float(stats.trim_mean(x, 0.25))
+    if len(x) > 1 and np.ptp(x) > 0:
+        result = stats.bootstrap((x,), lambda a, axis: stats.trim_mean(a, 0.25, axis=axis), n_resamples=resamples,
+                                 confidence_level=confidence, method="percentile", rng=np.random.default_rng(0))
+        out["iqm_low"], out["iqm_high"] = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    else:  # one run, or all alike: nothing to resample
+        out["iqm_low"] = out["iqm_high"] = out["iqm"]
+    return out
+
+
+def markdown_table(rows: dict[str, dict[str, float]], reference: dict[str, str] | None = None) -> list[str]:
+    """A markdown table of `aggregate` figures, one row per label (and a column of reference figures, if given)."""
+    head = "| case | runs | mean +- std | IQM [95% CI] |" + (" reference |" if reference else "")
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for label, a in rows.items():
+        iqm = f"{a['iqm']:.1f} [{a['iqm_low']:.1f}, {a['iqm_high']:.1f}]"
+        row = f"| {label} | {a['runs']} | {a['mean']:.1f} +- {a['std']:.1f} | {iqm} |"
+        lines.append(row + (f" {reference.get(label, '-')} |" if reference else ""))
+    return lines
+
+
+def curve_band(runs: list[Path | str], x: str = "step", points: int = 100, window: int = 20):
+    """The runs' learning curves on one grid: each run's mean return of its last `window` episodes at each grid point
+    (global step, or wall-clock seconds with x="wall"), then the mean over runs and its 95% bootstrap interval."""
+    import numpy as np
+    from scipy import stats
+
+    curves = []
+    for run in runs:
+        steps, returns, wall = episodes(run)
+        where = steps if x == "step" else wall
+        if len(returns) >= window:
+            smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
+            curves.append((where[window - 1 :], smooth))
+    if not curves:
+        return None
+    end = min(where[-1] for where, _ in curves)
+    grid = np.linspace(max(where[0] for where, _ in curves), end, points)
+    values = np.stack([np.interp(grid, where, smooth) for where, smooth in curves])
+    mean = values.mean(0)
+    if len(values) > 1:
+        ci = stats.bootstrap((values,), np.mean, axis=0, confidence_level=0.95, n_resamples=2000, method="percentile",
+                             rng=np.random.default_rng(0)).confidence_interval  # fmt: skip
+        low, high = np.where(np.isfinite(ci.low), ci.low, mean), np.where(np.isfinite(ci.high), ci.high, mean)
+    else:
+        low = high = mean
+    return grid, mean, low, high
+
+
+def plot_groups(groups: dict[str, list[Path | str]], path: Path, title: str) -> Path:
+    """One PNG with two panels, return against global step and against wall-clock time: per group, the mean over its
+    runs and the 95% bootstrap band (curve_band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, x, label in zip(axes, ("step", "wall"), ("global step", "wall-clock seconds"), strict=True):
+        for name, runs in groups.items():
+            band = curve_band(runs, x)
+            if band is None:
+                continue
+            grid, mean, low, high = band
+            (line,) = ax.plot(grid, mean, lw=1.5, label=f"{name} ({len(runs)} runs)")
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+        ax.set(xlabel=label, ylabel="episodic return (mean of the last 20)", title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,129 @@
+"""common/sweep.py and the statistics of common/results.py: a sweep over seeds that skips what is finished and resumes
+or extends the rest, through the thread pool and through submitit's local executor, and the figures on known inputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from common import results, sweep
+from tests.helpers import REPO, run_command
+
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--num-workers", "0"]
+
+
+def run_sweep(tmp_path, *argv, timeout=300):
+    cmd = [sys.executable, "-m", "common.sweep", str(REPO / "ppo_vec.py"), "--env-ids", "CartPole-v1", *argv]
+    return run_command(cmd, tmp_path, timeout=timeout, extra_env={"PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("executor", ["local", "submitit-local"])
+def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
+    flags = ["--seeds", "1", "2", "--jobs", "2", "--executor", executor, "--", *TINY, "--total-timesteps", "512"]
+    out = run_sweep(tmp_path, *flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    folders = sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*"))
+    assert [f.name.split("__")[2] for f in folders] == ["1", "2"]
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["status"] == "done" and summary["global_step"] == 512
+    assert out.stdout.count(": start, exit 0, status done") == 2
+    out = run_sweep(tmp_path, *flags)  # the same command again: nothing to run
+    assert out.returncode == 0 and out.stdout.count("finished before: skipped") == 2, out.stdout
+    more = [*flags[:-1], "640"]  # a larger total extends each run in its folder
+    out = run_sweep(tmp_path, *more)
+    assert out.returncode == 0 and out.stdout.count(": resume, exit 0, status done") == 2, out.stdout
+    assert sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*")) == folders
+    assert all(json.loads((f / "summary.json").read_text())["global_step"] == 640 for f in folders)
+    out = run_sweep(tmp_path, "--seeds", "1-2", "--report-only", "--report", "report")
+    assert out.returncode == 0 and "| CartPole-v1 | 2 | " in (tmp_path / "report" / "report.md").read_text()
+    assert (tmp_path / "report" / "CartPole-v1.png").stat().st_size > 10_000
+
+
+def test_what_a_run_of_a_sweep_does_next(tmp_path):
+    """No folder: start; a checkpoint whose run stopped or failed: resume; a finished run: skipped, unless the sweep
+    now asks for more steps."""
+    run = sweep.Run("ppo_vec.py", "CartPole-v1", 3, "exp", ["--total-timesteps", "1000"], str(tmp_path))
+    assert run.command()[1] == "start"
+    folder = tmp_path / "runs" / "CartPole-v1__exp__3__1700000000"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.pt").write_bytes(b"")
+    results.write_json(folder / "args.json", {"total_timesteps": 1000})
+    for status, did in [("stopped by SIGTERM", "resume"), ("failed", "resume"), ("done", "finished before: skipped")]:
+        results.write_json(folder / "summary.json", {"status": status})
+        cmd, what = run.command()
+        assert what == did and (cmd[-2:] == ["--resume", str(folder / "checkpoint.pt")] if did == "resume" else not cmd)
+    run.flags = ["--total-timesteps", "2000"]
+    assert run.command()[1] == "resume"
+    assert sweep.seeds(["1-3", "7"]) == [1, 2, 3, 7]
+
+
+def test_aggregate_on_known_numbers():
+    a = results.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0])
+    assert a["runs"] == 5 and a["mean"] == 220.0 and a["std"] == pytest.approx(np.std([10, 20, 30, 40, 1000], ddof=1))
+    assert a["iqm"] == pytest.approx(30.0)  # the middle half of 5: 20, 30, 40 (one cut at each end)
+    assert 10.0 <= a["iqm_low"] <= a["iqm"] <= a["iqm_high"] <= 1000.0
+    assert results.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0]) == a  # a fixed generator: the same interval again
+    one = results.aggregate([7.0])
+    assert (one["iqm"], one["iqm_low"], one["iqm_high"], one["std"]) == (7.0, 7.0, 7.0, 0.0)
+    table = results.markdown_table({"Hopper-v5": a}, reference={"Hopper-v5": "2382.9 +- 271.7"})
+    interval = f"[{a['iqm_low']:.1f}, {a['iqm_high']:.1f}]"
+    assert table[2] == f"| Hopper-v5 | 5 | 220.0 +- {a['std']:.1f} | 30.0 {interval} | 2382.9 +- 271.7 |"
+
+
+def write_run(folder, returns, step=10):
+    writer = SummaryWriter(str(folder))
+    for i, value in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", value, (i + 1) * step)
+    writer.close()
+    return folder
+
+
+def test_curves_from_events(tmp_path):
+    """Two runs whose returns are 1, 2, 3, ... and 3, 4, 5, ...: the 20-episode means differ by 2 everywhere, their
+    mean lies halfway, and the band holds it; the last-20 return of each run is read from its events."""
+    a = write_run(tmp_path / "a", np.arange(1.0, 101.0))
+    b = write_run(tmp_path / "b", np.arange(3.0, 103.0))
+    assert results.final_return(a) == pytest.approx(np.mean(np.arange(81.0, 101.0)))
+    grid, mean, low, high = results.curve_band([a, b], points=10)
+    assert grid[0] == 200.0 and grid[-1] == 1000.0
+    np.testing.assert_allclose(mean, grid / 10 - 9.5 + 1.0)  # run a's mean at step s is s/10 - 9.5; b's is 2 more
+    assert (low <= mean).all() and (mean <= high).all() and (high - low).max() <= 2.0 + 1e-9
+    png = results.plot_groups({"two runs": [a, b]}, tmp_path / "curves.png", "test")
+    assert png.stat().st_size > 10_000
+
+
+def test_the_slurm_form_asks_submitit_for_what_the_flags_say(tmp_path, monkeypatch):
+    """No SLURM here: a stand-in srun lets submitit build the job script, which must carry the flags (the array's
+    parallelism is added when the array is submitted) and the USR2 warning that makes a run stop, save and requeue."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    args = argparse.Namespace(cwd=str(tmp_path), executor="slurm", timeout_min=240, jobs=8, cpus_per_task=4, gpus=1,
+                              partition="gpu", exp_name="sweep")  # fmt: skip
+    executor = sweep.submitit_executor(args)
+    script = executor._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
+    for line in ["--partition=gpu", "--time=240", "--cpus-per-task=4", "--gpus-per-node=1", "--signal=USR2@90"]:
+        assert f"#SBATCH {line}\n" in script
+    assert executor._executor.parameters["array_parallelism"] == 8
+
+
+def test_a_requeued_job_stops_its_run_first(tmp_path):
+    """submitit's checkpoint hook (SLURM's warning before preemption or the time limit): the run gets SIGTERM (it saves
+    and exits), and the job comes back with the same run to resume it."""
+    run = sweep.Run("ppo_vec.py", "CartPole-v1", 3, "exp", [], str(tmp_path))
+    job = sweep.RunJob()
+    job.proc = child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    again = job.checkpoint(run)
+    assert child.returncode == -signal.SIGTERM
+    assert job.proc is None and again.args == (run,) and again.function is job

@@ -74,6 +74,27 @@ def check_layout(num_workers: int | None, step_timeout: float | None, max_restar
                          f"{spell('num_workers')} >= 1")  # fmt: skip
 
 
+class _BatchedSpace:
+    """A vector env's batched space, made from the single one when first asked for (a 50 MB image space batches into
+    GBs, and a training loop never asks)."""
+
+    def __init__(self, single: str):
+        self.single = single
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attribute = f"_{name}"
+
+    def __get__(self, env: Any, owner: type | None = None) -> Any:
+        if env is None:
+            return self
+        if getattr(env, self.attribute, None) is None:
+            setattr(env, self.attribute, batch_space(getattr(env, self.single), env.num_envs))
+        return getattr(env, self.attribute)
+
+    def __set__(self, env: Any, space: gym.Space) -> None:
+        setattr(env, self.attribute, space)
+
+
 class SubprocVecEnv(VectorEnv):
     """Vector env stepping its envs in worker processes (or in this one); same results as
     SyncVectorEnv(autoreset_mode=SAME_STEP).
@@ -99,6 +120,9 @@ class SubprocVecEnv(VectorEnv):
             step. Costs at most this much CPU per command; 0 sleeps at once. None: 300 us, or 0 when workers
             outnumber the usable cores (then a polling worker takes CPU time from one with work to do).
     """
+
+    observation_space = _BatchedSpace("single_observation_space")
+    action_space = _BatchedSpace("single_action_space")
 
     def __init__(
         self,
@@ -128,7 +152,7 @@ class SubprocVecEnv(VectorEnv):
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
-        self._batched_spaces: list[gym.Space | None] = [None, None]  # observation_space, action_space: made lazily
+        self._observation_space = self._action_space = None  # batched: made when first asked for (_BatchedSpace)
         self._space_keys: tuple = ()  # env 0's, which every env's must equal
 
         # Layout: measured, asked for, or workers when steps must be bounded or restarted
@@ -373,27 +397,6 @@ class SubprocVecEnv(VectorEnv):
         self._views = shared_arrays.views(self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed)
         self._obs_views = [view for name, view in self._views.items() if name.startswith("obs")]
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
-
-    @property
-    def observation_space(self) -> gym.Space:
-        """The batched observation space, made when first asked for (a 50 MB image space batches into GBs)."""
-        if self._batched_spaces[0] is None:
-            self._batched_spaces[0] = batch_space(self.single_observation_space, self.num_envs)
-        return self._batched_spaces[0]
-
-    @observation_space.setter
-    def observation_space(self, space: gym.Space) -> None:
-        self._batched_spaces[0] = space
-
-    @property
-    def action_space(self) -> gym.Space:
-        if self._batched_spaces[1] is None:
-            self._batched_spaces[1] = batch_space(self.single_action_space, self.num_envs)
-        return self._batched_spaces[1]
-
-    @action_space.setter
-    def action_space(self, space: gym.Space) -> None:
-        self._batched_spaces[1] = space
 
     def _check_spaces(self, first: int, keys: list) -> None:
         for i, key in enumerate(keys, start=first):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.results import read_scalars  # noqa: F401 - the tests read runs as the sweep's report does
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -64,15 +66,6 @@ def descendants(root: int | None = None) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
-
-
-def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...]."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):

@@ -121,7 +121,7 @@ class Args:
     """seconds an env step may take before its worker counts as stuck (None: no limit)"""
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None):
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None, noop_max: int = 30):
     """A thunk building env `idx` with DeepMind's preprocessing; RecordEpisodeStatistics sits below life loss and
     reward clipping, so the returns it reports are raw full-game scores."""
 
@@ -134,7 +134,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None):
         if render_mode:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True)
         env = EpisodicLifeEnv(env)
         if env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]:
             env = FireResetEnv(env)

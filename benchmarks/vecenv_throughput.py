@@ -10,16 +10,17 @@ SyncVectorEnv and AsyncVectorEnv (shared memory), SB3's SubprocVecEnv, EnvPool a
 installed, and with --puffer PufferLib's Multiprocessing backend (pufferlib-core; the best of 1 and 2 workers).
 PufferLib pins a CUDA build of torch that its vector module does not use, so it gets benchmarks/.venv-pufferlib with
 `pip install --no-deps pufferlib-core` next to this project; nothing of it is needed elsewhere. Breakout gets the same
-DeepMind preprocessing everywhere (ppo_atari_multigpu.make_env for the Python backends, the equivalent options for
-EnvPool and ale-py). Repetitions run interleaved, A B C A B C ..., so drift on a noisy machine hits every backend
-alike; the report gives medians and ratios to SyncVectorEnv at the same N. Writes a markdown table, a JSON file and a
-PNG plot into benchmarks/results/.
+DeepMind preprocessing everywhere (ppo_atari_multigpu.make_env for the Python backends; EnvPool and ale-py set up to
+do the same work, as benchmarks/peers.py says and tests/test_atari_peers.py checks). Repetitions run interleaved,
+A B C A B C ..., so drift on a noisy machine hits every backend alike; the report gives medians and ratios to
+SyncVectorEnv at the same N. Writes a markdown table, a JSON file and a PNG plot into benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import peers  # noqa: E402
 from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
@@ -87,27 +89,15 @@ def builders(env_name: str, n: int) -> dict:
         found["SB3 Subproc"] = sb3
     except ImportError:
         pass
-    try:
-        import envpool
-
+    if importlib.util.find_spec("envpool"):
         if env_name == "CartPole-v1":
-            kwargs = {}
-        else:
-            kwargs = dict(episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
-        task = "CartPole-v1" if env_name == "CartPole-v1" else "Breakout-v5"
-        found["EnvPool"] = lambda: gym_runner("EnvPool", envpool.make(task, env_type="gymnasium", num_envs=n, **kwargs))
-    except ImportError:
-        pass
-    if env_name != "CartPole-v1":
-        try:
-            from ale_py import AtariVectorEnv
+            import envpool
 
-            found["ale-py Vector"] = lambda: gym_runner(
-                "ale-py Vector",
-                AtariVectorEnv("breakout", n, episodic_life=True, repeat_action_probability=0.0, noop_max=30),
-            )
-        except ImportError:
-            pass
+            found["EnvPool"] = lambda: gym_runner("EnvPool", envpool.make_gymnasium("CartPole-v1", num_envs=n))
+        else:  # set up as ours, see benchmarks/peers.py (tests/test_atari_peers.py checks it)
+            found["EnvPool"] = lambda: gym_runner("EnvPool", peers.envpool_vector(n))
+    if env_name != "CartPole-v1":
+        found["ale-py Vector"] = lambda: gym_runner("ale-py Vector", peers.ale_vector(n))
     return found
 
 

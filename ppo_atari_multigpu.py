@@ -229,7 +229,6 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> int:
              and max(args.device_ids or [local_world_size - 1]) < gpus, f"one of {gpus} GPUs for each local rank"),
         ],
     )  # fmt: skip
-    experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
     experiment.check_env_id(args.env_id)
     if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
         raise FlagError(f"--env-id {args.env_id!r} is not an Atari env id (try BreakoutNoFrameskip-v4 or ALE/Pong-v5)")
@@ -248,9 +247,7 @@ def evaluate(path: str, episodes: int, device: torch.device, capture_video=False
         with torch.inference_mode():
             return agent.get_policy(torch.as_tensor(np.asarray(obs), device=device)[None])[0].argmax().item()
 
-    returns = checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
-    print(f"eval: mean score {np.mean(returns):.2f} over {len(returns)} games: {returns}")
-    return returns
+    return checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
 
 
 def main(args: Args) -> None:
@@ -282,18 +279,13 @@ def main(args: Args) -> None:
     checkpoints = checkpointing.Checkpoints(
         "ppo_atari_multigpu.py", args, {"model": agent, "optimizer": optimizer}, batch_size, world_size
     )
-    checkpoint, iteration = None, 1
-    if args.resume is not None:
-        same = {"env_id": args.env_id, "local_num_envs": args.local_num_envs, "num_steps": args.num_steps}
-        checkpoint = checkpoints.resume(args.resume, same, num_iterations)
-        iteration, saved_rng = checkpoint["iteration"] + 1, checkpoint["rng"][rank]
-        if saved_rng is None:  # written on a stop, which only rank 0's state reaches: a fresh draw of its own
-            rng = np.random.default_rng([args.seed, rank, iteration])
-        else:
-            rng.bit_generator.state = saved_rng
-    start_iteration, global_step = iteration, (iteration - 1) * batch_size
-    run_dir = experiment.run_folder(args) if is_main else None
-    progress = experiment.Progress(num_iterations * batch_size, global_step, speaks=is_main, resumed=checkpoint)
+    same = {"env_id": args.env_id, "local_num_envs": args.local_num_envs, "num_steps": args.num_steps}  # kept
+    checkpoint, start_iteration, run_dir, progress = experiment.begin(checkpoints, args, same, num_iterations, is_main)
+    if checkpoint and checkpoint["rng"][rank] is None:  # saved on a stop, which reaches rank 0's state alone
+        rng = np.random.default_rng([args.seed, rank, start_iteration])  # a fresh draw of its own
+    elif checkpoint:
+        rng.bit_generator.state = checkpoint["rng"][rank]
+    global_step = progress.first_step
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
@@ -312,7 +304,7 @@ def main(args: Args) -> None:
         if is_main:
             experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {world_size} rank(s) on {device.type}, each "
                                 f"with {envs.layout}, env seeds per rank: {seeds}", run_dir)  # fmt: skip
-        next_obs = checkpointing.start_envs(envs, checkpoint, rank, first_seed, {})  # as a checkpoint left them?
+        next_obs, _ = checkpointing.start_envs(envs, checkpoint, rank, first_seed)  # as a checkpoint left them?
         # a stop saves rank 0's last snapshot, without collective calls (other ranks may be gone): its rng alone
         run.snapshot(start_iteration - 1, [rng.bit_generator.state] + [None] * (world_size - 1))
         # Rollout storage, allocated once; the update reads it as torch tensors
@@ -439,11 +431,10 @@ def main(args: Args) -> None:
         checksums = experiment.all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()))
         if is_main:
             print(f"final parameter checksum per rank (equal when the ranks stayed in step): {checksums}")
-        if is_main and args.save_model:
-            model_path = checkpoints.save(run_dir / f"{args.exp_name}.cleanrl_model")
-            print(f"model saved to {model_path}")
-            if args.eval_episodes:
-                evaluate(model_path, args.eval_episodes, device, writer=writer)
+        if is_main and args.save_model and args.eval_episodes:  # CleanRL's file, saved and evaluated
+            evaluate(run.save_model(args.exp_name), args.eval_episodes, device, writer=writer)
+        elif is_main and args.save_model:
+            run.save_model(args.exp_name)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
     python ppo_vec.py --eval-checkpoint runs/<run_name>/checkpoint.pt
 
 Truncation is bootstrapped with `gamma * V(final_obs)`; only termination means "no future value". Box actions: a
-diagonal Gaussian, clipped in the env. Rewards are scaled by a running std of each env's discounted return, Box
-observations normalized per env (--no-norm-reward, --no-norm-obs). Ctrl-C or SIGTERM saves runs/<run>/checkpoint.pt.
+diagonal Gaussian, clipped in the env. Rewards are scaled by a running std of each env's discounted return, Box-action
+envs' observations by one running mean and std over all envs (--no-norm-reward, --no-norm-obs). Ctrl-C or SIGTERM
+saves runs/<run>/checkpoint.pt.
 """
 
 import os
@@ -92,7 +93,7 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (None: no early stop)"""
     norm_obs: bool = True
-    """Box actions: normalize observations by running statistics, as CleanRL (Pendulum-v1 learns without)"""
+    """Box actions: normalize observations by running statistics over all envs, clipped (Pendulum-v1 learns without)"""
     norm_reward: bool = True
     """rewards / running std of discounted returns (CleanRL: Box only; values near 100 stall CartPole's critic)"""
 
@@ -107,8 +108,8 @@ class Args:
     """torch CPU threads (a 64-unit MLP gains nothing from more, and the env workers need the cores)"""
 
 
-def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
-    """A thunk building env `idx`, normalized above RecordEpisodeStatistics as the flags ask (obs_rms: frozen)."""
+def make_env(args: Args, idx: int, run_dir: Path):
+    """A thunk building env `idx`: flattened to a float32 vector, its raw returns recorded, Box actions clipped."""
 
     def thunk():
         env = gym.make(args.env_id, **{"render_mode": "rgb_array"} if args.capture_video and idx == 0 else {})
@@ -118,16 +119,30 @@ def make_env(args: Args, idx: int, run_dir: Path, obs_rms=None):
         if isinstance(env.observation_space, gym.spaces.Box) and env.observation_space.dtype != np.float32:
             env = gym.wrappers.DtypeObservation(env, np.float32)  # the agent's (a Dict flattens to int64 one-hots)
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        if isinstance(env.action_space, gym.spaces.Box):
-            env = gym.wrappers.ClipAction(env)
-            if args.norm_obs:
-                env = gym.wrappers.NormalizeObservation(env)
-                if obs_rms is not None:
-                    env.obs_rms, env.update_running_mean = obs_rms, False
-                env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-        return env
+        return gym.wrappers.ClipAction(env) if isinstance(env.action_space, gym.spaces.Box) else env
 
     return thunk
+
+
+class ObsNormalizer(nn.Module):
+    """gymnasium's NormalizeObservation and a clip to +-10, one running mean and variance for all envs: with a set per
+    env, one state meant other inputs in each, and Hopper-v5 learned half as well (benchmarks/results/mujoco.md)."""
+
+    def __init__(self, obs_dim: int, enabled: bool):
+        super().__init__()
+        self.enabled = enabled
+        for name, value in [("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
+            self.register_buffer(name, torch.full((obs_dim,) if name != "count" else (), value, dtype=torch.float64))
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views, updated in place (loading copies in)
+
+    def forward(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        mean, var, count = self.arrays
+        if self.enabled and update:  # RunningMeanStd.update with a batch of observations
+            delta, n = obs.mean(0) - mean, len(obs)
+            total = count + n
+            var[:] = (var * count + obs.var(0) * n + delta**2 * count * n / total) / total
+            mean[:], count[...] = mean + delta * n / total, total
+        return np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10, dtype=np.float32) if self.enabled else obs
 
 
 class RewardScaler(nn.Module):
@@ -226,7 +241,6 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
         ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
         ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
     ])  # fmt: skip
-    experiment.check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
     probe = make_env(replace(args, capture_video=False), 0, Path())  # built in a probe process: its spaces, flattened
     found = experiment.probe_env(args.env_id, probe, args.step_timeout or 600.0)
     (obs_space, act_space), raw = found["spaces"], found["raw_spaces"][0]
@@ -244,19 +258,18 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
 def evaluate(path: str, episodes: int, device: torch.device, capture_video=False, writer=None, env_id=None) -> list:
     """Raw returns of a checkpoint's greedy policy on one env, printed (and logged as eval/episodic_return)."""
     checkpoint, saved = checkpointing.load_for_eval(path, "ppo_vec.py", Args, env_id, capture_video=capture_video)
-    obs_rms = checkpointing.merge_rms(checkpoint["norm"]["obs_rms"]) if "obs_rms" in checkpoint["norm"] else None
-    env = make_env(saved, 0, Path(path).parent / "eval", obs_rms)()
-    agent = Agent(int(np.prod(env.observation_space.shape)), env.action_space).to(device)
+    env = make_env(saved, 0, Path(path).parent / "eval")()
+    obs_dim, cont = env.observation_space.shape[0], isinstance(env.action_space, gym.spaces.Box)
+    agent, normalize_obs = Agent(obs_dim, env.action_space).to(device), ObsNormalizer(obs_dim, saved.norm_obs and cont)
     checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
+    checkpointing.load_state(normalize_obs, checkpoint["obs_normalizer"], "--eval-checkpoint", path)
 
-    def act(obs):
+    def act(obs):  # normalized as in training, the statistics frozen
         with torch.inference_mode():
-            out, _ = agent.get_policy(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            out, _ = agent.get_policy(torch.as_tensor(normalize_obs(obs[None], update=False), device=device))
         return (out[0] if agent.continuous else out[0].argmax()).cpu().numpy()
 
-    returns = checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
-    print(f"eval: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
-    return returns
+    return checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
 
 
 def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
@@ -269,23 +282,20 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
-    norm_stats = ["obs_rms"] * (args.norm_obs and continuous)  # what each env keeps, and checkpoints with it
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
     agent = Agent(obs_shape[0], action_space).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
-    modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards}
+    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs and continuous)
+    modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards, "obs_normalizer": normalize_obs}
     checkpoints = checkpointing.Checkpoints("ppo_vec.py", args, modules, batch_size)
-    checkpoint, iteration, norm = None, 1, {}  # norm: the envs' statistics (a resumed run's, for fresh episodes)
-    if args.resume is not None:
-        same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}
-        checkpoint = checkpoints.resume(args.resume, same, num_iterations, needs=("norm",))
-        iteration, norm, rng.bit_generator.state = checkpoint["iteration"] + 1, checkpoint["norm"], checkpoint["rng"][0]
-    start_iteration, global_step = iteration, (iteration - 1) * batch_size
-    run_dir = experiment.run_folder(args)
-    progress = experiment.Progress(num_iterations * batch_size, global_step, resumed=checkpoint)
+    same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}  # what a resume keeps
+    checkpoint, start_iteration, run_dir, progress = experiment.begin(checkpoints, args, same, num_iterations)
+    if checkpoint:  # None for a new run
+        rng.bit_generator.state = checkpoint["rng"][0]
+    global_step = progress.first_step
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
@@ -298,8 +308,9 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     ):
         experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.layout}, agent on {device}", run_dir)
         # the envs as the checkpoint left them, or fresh episodes with seeds no earlier start of this run used
-        next_obs = checkpointing.start_envs(envs, checkpoint, 0, args.seed + global_step // args.num_steps, norm)
-        run.snapshot(start_iteration - 1, [rng.bit_generator.state], norm=norm)  # what a stop saves, until the next
+        next_obs, fresh = checkpointing.start_envs(envs, checkpoint, 0, args.seed + global_step // args.num_steps)
+        next_obs = normalize_obs(next_obs, update=fresh)  # a run continued exactly has counted these already
+        run.snapshot(start_iteration - 1, [rng.bit_generator.state])  # what a stop saves, until the next
         obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # rollout storage, made once
         actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -320,6 +331,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
                 rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
+                next_obs = normalize_obs(next_obs)  # (a cut episode's final_obs: as it is valued, below)
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep the observation it ended on, for V(final_obs) below
                 cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
@@ -336,7 +348,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 values = b_values.view(rewards.shape).cpu().numpy()
                 if cuts:
                     cut_steps, cut_envs, final_obs = zip(*cuts, strict=True)
-                    final_values = agent.get_value(to_torch(np.stack(final_obs))).flatten().cpu().numpy()
+                    final_obs = normalize_obs(np.stack(final_obs), update=False)
+                    final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
                 next_value = agent.get_value(to_torch(next_obs)).flatten().cpu().numpy()
 
@@ -410,16 +423,14 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
             progress.log(writer, global_step, episodes, timings, restarts=envs.restarts)  # charts/episodic_*, SPS
 
-            norm = checkpointing.get_env_stats(envs, norm_stats)  # as of the weights just trained
-            run.snapshot(iteration, [rng.bit_generator.state], norm=norm)
+            run.snapshot(iteration, [rng.bit_generator.state])
             if iteration == num_iterations or args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
                 run.save(env_states=[envs.save_env_states()])  # between iterations: the envs' states too
 
-        if args.save_model:
-            model_path = checkpoints.save(run_dir / f"{args.exp_name}.cleanrl_model")
-            print(f"model saved to {model_path}")
-            if args.eval_episodes:
-                evaluate(str(model_path), args.eval_episodes, device, writer=writer)
+        if args.save_model and args.eval_episodes:  # CleanRL's file, saved and evaluated
+            evaluate(run.save_model(args.exp_name), args.eval_episodes, device, writer=writer)
+        elif args.save_model:
+            run.save_model(args.exp_name)
 
 
 if __name__ == "__main__":

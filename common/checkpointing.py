@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
-from gymnasium.wrappers.utils import RunningMeanStd
 
 from common.experiment import Finished, FlagError, RunError, flag, given_flags
 
@@ -154,7 +152,7 @@ def env_states_of(checkpoint: dict, rank: int = 0) -> bytes | None:
 def load_for_eval(path: str, script: str, args_type: type, env_id: str | None, **changes: Any) -> tuple[dict, Any]:
     """The checkpoint to evaluate, and the Args it was trained with (with `changes`). FlagError if --env-id was given
     and names another env than the one the policy was trained on (evaluate that one: drop --env-id)."""
-    checkpoint = load_checkpoint(path, "--eval-checkpoint", script, ("norm",) if script == "ppo_vec.py" else ())
+    checkpoint = load_checkpoint(path, "--eval-checkpoint", script)
     saved = saved_args(checkpoint, args_type, **changes)
     if env_id is not None and "--env-id" in given_flags() and env_id != saved.env_id:
         raise FlagError(f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id {env_id}: drop "
@@ -188,53 +186,19 @@ def load_state(module: Any, state: dict, flag_name: str, path: str) -> None:
         raise FlagError(f"{flag_name} {path} does not fit this run's {type(module).__name__} ({reason})") from None
 
 
-def get_env_stats(envs: Any, names: list[str]) -> dict[str, list]:
-    """Each env's running statistics (wrapper attributes holding a RunningMeanStd or an array) as tensors, for a
-    checkpoint: {name: [one per env]}."""
-
-    def tensors(value):
-        return rms_state(value) if isinstance(value, RunningMeanStd) else torch.as_tensor(value)
-
-    return {name: [tensors(value) for value in envs.get_attr(name)] for name in names}
-
-
-def rms_state(rms: RunningMeanStd) -> dict:
-    """A RunningMeanStd as a checkpoint holds it (merge_rms([state]) gives it back, exactly)."""
-    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": rms.count}
-
-
-def set_env_stats(envs: Any, stats: dict[str, list]) -> None:
-    """Gives each env back the statistics get_env_stats read from it (dtypes included, so a resumed run is exact)."""
-    for name, values in stats.items():
-        envs.set_attr(name, [merge_rms([v]) if isinstance(v, dict) else v.numpy() for v in values])
-
-
-def merge_rms(stats: list[dict]) -> RunningMeanStd:
-    """One RunningMeanStd from several envs' statistics, as get_env_stats wrote them (parallel-variance merge)."""
-    counts = np.array([s["count"] for s in stats], dtype=np.float64)
-    means, variances = np.stack([s["mean"].numpy() for s in stats]), np.stack([s["var"].numpy() for s in stats])
-    weights = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
-    merged = RunningMeanStd(shape=means.shape[1:])
-    merged.mean = (weights * means).sum(0).astype(means.dtype)
-    merged.var = (weights * (variances + (means - merged.mean) ** 2)).sum(0).astype(variances.dtype)
-    merged.count = float(counts.sum())
-    return merged
-
-
-def start_envs(envs: Any, checkpoint: dict | None, rank: int, seed: int, stats: dict[str, list]) -> Any:
+def start_envs(envs: Any, checkpoint: dict | None, rank: int, seed: int) -> tuple[Any, bool]:
     """The envs as a run starts them: put back as they were, if the checkpoint holds their states (a periodic or
-    final save); else reset with `seed`, after giving them the statistics `stats` (a new run passes none). Returns
-    the observations to act on first."""
+    final save), else reset with `seed`. Returns the observations to act on first, and whether they are fresh ones
+    (not seen before by the run)."""
     saved = env_states_of(checkpoint, rank) if checkpoint is not None else None
     if saved is not None:
-        return envs.load_env_states(saved)
-    set_env_stats(envs, stats)
-    return envs.reset(seed=seed)[0]
+        return envs.load_env_states(saved), False
+    return envs.reset(seed=seed)[0], True
 
 
 def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, writer: Any = None) -> list[float]:
-    """Raw returns of `episodes` whole episodes on one env (as RecordEpisodeStatistics reports them), acting with
-    act(obs), also logged as eval/episodic_return if a writer is given; closes the env."""
+    """Raw returns of `episodes` whole episodes (whole games, for Atari) on one env, as RecordEpisodeStatistics reports
+    them, acting with act(obs); printed, and logged as eval/episodic_return if a writer is given; closes the env."""
     returns = []
     obs, _ = env.reset(seed=seed)
     while len(returns) < episodes:
@@ -248,4 +212,5 @@ def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, 
     if writer is not None:
         for idx, episodic_return in enumerate(returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
+    print(f"eval: mean return {sum(returns) / max(len(returns), 1):.2f} over {len(returns)} episodes: {returns}")
     return returns

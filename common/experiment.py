@@ -81,6 +81,7 @@ def check_flags(args: Any, rules: list[tuple[str, bool, str]]) -> None:
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
+    check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
     if hasattr(args, "num_workers"):
         try:
             check_layout(args.num_workers, args.step_timeout, args.max_restarts, spell=flag)
@@ -135,7 +136,7 @@ def check_installed(args: Any, needs: dict[str, tuple[str, str]]) -> None:
     import importlib.util
 
     for name, (module, extra) in needs.items():
-        if getattr(args, name) and importlib.util.find_spec(module) is None:
+        if getattr(args, name, False) and importlib.util.find_spec(module) is None:
             raise FlagError(f"{flag(name)} needs {module}, which is not installed: pip install -e '.[{extra}]'")
 
 
@@ -201,6 +202,17 @@ def make_run_dir(args: Any, root: str = "runs") -> Path:
         raise RunError(f"cannot make the run folder in {os.path.abspath(root)} ({why}); run from a folder you can "
                        "write to") from None  # fmt: skip
     raise RunError(f"no free run folder name under {root}/{base}")
+
+
+def begin(checkpoints: Any, args: Any, same: dict[str, Any], num_iterations: int, is_main: bool = True) -> tuple:
+    """A new run, or the one --resume names: (the checkpoint resumed from, its modules loaded, or None; the first
+    iteration to do; the run folder, None on ranks other than 0; the Progress counter). `same`: the sizes a resumed
+    run cannot change (Checkpoints.resume)."""
+    checkpoint = checkpoints.resume(args.resume, same, num_iterations) if args.resume else None
+    start_iteration = checkpoint["iteration"] + 1 if checkpoint else 1
+    steps = checkpoints.steps_per_iteration
+    progress = Progress(num_iterations * steps, (start_iteration - 1) * steps, speaks=is_main, resumed=checkpoint)
+    return checkpoint, start_iteration, run_folder(args) if is_main else None, progress
 
 
 def run_folder(args: Any) -> Path:
@@ -415,6 +427,12 @@ class Run:
         self.checkpoints.save(self.checkpoint, **state)
         self.summarize(status)
         return self.checkpoint
+
+    def save_model(self, exp_name: str) -> str:
+        """--save-model: the last snapshot as runs/<run>/<exp_name>.cleanrl_model (CleanRL's name); its path."""
+        path = self.checkpoints.save(self.run_dir / f"{exp_name}.cleanrl_model")
+        print(f"model saved to {path}", flush=True)
+        return str(path)
 
     def summarize(self, status: str) -> dict[str, Any]:
         saved = self.checkpoints.last

@@ -22,10 +22,10 @@ def write_files(folder):
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("not a checkpoint\n")
     for script in ("ppo_vec.py", "ppo_atari_multigpu.py"):
-        state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1, "norm": {}}
+        state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
         checkpointing.save_checkpoint(folder / f"{script[:-3]}.pt", state)
-    state = {"script": "ppo_vec.py", "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
-    checkpointing.save_checkpoint(folder / "incomplete.pt", state)  # no "norm"
+    state = {"script": "ppo_vec.py", "model": {"w": torch.zeros(1)}, "iteration": 1}
+    checkpointing.save_checkpoint(folder / "incomplete.pt", state)  # no "args"
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
     return folder
 
@@ -37,8 +37,8 @@ CASES = [
     (VEC, ["--resume", "notes.txt"], "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)"),
     (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
     (VEC, ["--resume", "missing.pt"], "--resume missing.pt: no such file"),
-    (VEC, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt holds no rng and no optimizer and no reward_scaler: not"),
-    (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no norm: not a whole checkpoint"),
+    (VEC, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt holds no rng and no optimizer and no reward_scaler and no"),
+    (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no args: not a whole checkpoint"),
     (VEC, ["--eval-checkpoint", "ppo_vec.pt", "--env-id", "Acrobot-v1"], "a policy for CartPole-v1, not --env-id"),
     (ATARI, ["--capture-video", "True"], "--capture-video is a switch and takes no value (got 'True'): write"),
     (VEC, ["--norm-reward=false"], "--norm-reward is a switch and takes no value (got 'false')"),

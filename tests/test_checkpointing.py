@@ -139,17 +139,17 @@ def test_resume_refuses_other_sizes_and_says_when_a_run_is_finished(tmp_path):
         newer.resume(str(path), {}, 10)
 
 
-@pytest.mark.parametrize("entry", ["iteration", "rng", "norm"])
+@pytest.mark.parametrize("entry", ["iteration", "rng", "scaler"])
 def test_a_checkpoint_missing_an_entry_is_one_line(tmp_path, entry):
-    model = torch.nn.Linear(2, 1)
-    checkpoints = Checkpoints("s.py", Flags(), {"model": model}, 32)
-    checkpoints.snapshot(5, rng=[None], norm={})
+    modules = {"model": torch.nn.Linear(2, 1), "scaler": torch.nn.Linear(1, 1)}
+    checkpoints = Checkpoints("s.py", Flags(), modules, 32)
+    checkpoints.snapshot(5, rng=[None])
     path = tmp_path / "checkpoint.pt"
     state = dict(checkpoints.last)
     del state[entry]
     checkpointing.save_checkpoint(path, state)
     with pytest.raises(FlagError) as info:
-        checkpoints.resume(str(path), {}, 10, needs=("norm",))
+        checkpoints.resume(str(path), {}, 10)
     assert str(info.value) == (f"--resume {path} holds no {entry}: not a whole checkpoint of s.py (an older version, "
                                "or a file edited since)")  # fmt: skip
 
@@ -180,41 +180,6 @@ def test_evaluating_another_env_than_the_checkpoints_is_refused(tmp_path, monkey
         checkpointing.load_for_eval(path, "s.py", Flags, "Acrobot-v1")
     monkeypatch.setattr(sys, "argv", ["s.py", "--eval-checkpoint", path])  # the default env id: the saved one is used
     assert checkpointing.load_for_eval(path, "s.py", Flags, "Acrobot-v1")[1].env_id == "CartPole-v1"
-
-
-def test_env_stats_round_trip_and_merge():
-    from gymnasium.wrappers.utils import RunningMeanStd
-
-    class FakeEnvs:
-        def __init__(self, values):
-            self.values = values
-
-        def get_attr(self, name):
-            return tuple(self.values[name])
-
-        def set_attr(self, name, values):
-            self.values[name] = list(values)
-
-    rng = np.random.default_rng(0)
-    batches = [rng.normal(i, i + 1, (50 * (i + 1), 3)) for i in range(3)]
-    stats = []
-    for batch in batches:
-        rms = RunningMeanStd(shape=(3,))
-        rms.update(batch)
-        stats.append(rms)
-    envs = FakeEnvs({"obs_rms": stats, "discounted_reward": [np.array([0.5]), np.array([1.5]), np.array([2.5])]})
-    saved = checkpointing.get_env_stats(envs, ["obs_rms", "discounted_reward"])
-    restored = FakeEnvs({})
-    checkpointing.set_env_stats(restored, saved)
-    for before, after in zip(stats, restored.values["obs_rms"], strict=True):
-        np.testing.assert_array_equal(after.mean, before.mean)
-        np.testing.assert_array_equal(after.var, before.var)
-        assert after.count == before.count
-    assert [d.tolist() for d in restored.values["discounted_reward"]] == [[0.5], [1.5], [2.5]]
-    merged = checkpointing.merge_rms(saved["obs_rms"])
-    everything = np.concatenate(batches)
-    np.testing.assert_allclose(merged.mean, everything.mean(0), rtol=1e-6)
-    np.testing.assert_allclose(merged.var, everything.var(0), rtol=1e-3)  # each count starts at 1e-4
 
 
 def test_evaluate_counts_whole_episodes_only():

@@ -55,7 +55,8 @@ def block(source: str, first: str, last: str) -> str:
 SHARED_BLOCKS = [
     ("obs[step] = next_obs", "env_time += "),  # rollout step (ppo_vec.py scales the rewards next)
     ("ends[step] = ", "episodes += "),  # truncation cuts, episode records
-    ("# LOG-PROBS, VALUES", "# UPDATE"),  # the batched pass, the truncation bootstrap, GAE
+    ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),  # the batched pass,
+    ("rewards[cut_steps, cut_envs] +=", "# UPDATE"),  # the truncation bootstrap (ppo_vec.py normalizes V's input), GAE
     ("logratio = newlogprob", "stats[name].append"),  # the losses and what is logged of them
     ("var_y = np.var(returns)", "timings = {"),  # logging
 ]

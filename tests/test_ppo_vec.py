@@ -151,25 +151,42 @@ def test_a_failed_run_saves_its_last_iteration_and_says_so(tmp_path):
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] == 2
 
 
-@pytest.mark.parametrize(("env_id", "norm_obs"), [("Pendulum-v1", True), ("Pendulum-v1", False), ("CartPole-v1", True)])
-def test_envs_normalize_only_what_the_flags_ask(env_id, norm_obs):
-    """The env a run trains on, against the plain env stepped with the same actions: observations are normalized only
-    for Box actions with --norm-obs; rewards come out raw (RewardScaler scales them in the trainer)."""
-    env = ppo_vec.make_env(ppo_vec.Args(env_id=env_id, norm_obs=norm_obs), 0, "unused")()
-    plain = gym.make(env_id)
-    obs, _ = env.reset(seed=3)
-    plain_obs, _ = plain.reset(seed=3)
-    same_obs, same_rewards = [np.allclose(obs, plain_obs)], []
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_the_envs_pass_observations_and_rewards_raw(env_id):
+    """The env a run trains on, against the plain env stepped with the same actions: the same observations (as float32
+    vectors) and rewards, Box actions clipped to their bounds (the trainer normalizes: ObsNormalizer, RewardScaler)."""
+    env, plain = ppo_vec.make_env(ppo_vec.Args(env_id=env_id), 0, "unused")(), gym.make(env_id)
+    (obs, _), (plain_obs, _) = env.reset(seed=3), plain.reset(seed=3)
     box = env_id == "Pendulum-v1"
     for action in np.linspace(-3, 3, 20) if box else [0, 1] * 4:  # beyond the bounds too: both clip to [-2, 2]
+        np.testing.assert_array_equal(obs, plain_obs.astype(np.float32))
         obs, reward, *_ = env.step(np.array([action], dtype=np.float32) if box else action)
-        plain_obs, plain_reward, *_ = plain.step(
-            np.clip(np.array([action], dtype=np.float32), -2, 2) if box else action
-        )
-        same_obs.append(np.allclose(obs, plain_obs))
-        same_rewards.append(np.isclose(reward, plain_reward))
-    assert not any(same_obs[1:]) if norm_obs and box else all(same_obs)
-    assert all(same_rewards)
+        plain_obs, plain_reward, *_ = plain.step(np.clip([action], -2, 2).astype(np.float32) if box else action)
+        assert reward == plain_reward
+
+
+def test_a_dict_observation_is_flattened_to_a_float32_vector():
+    env = ppo_vec.make_env(ppo_vec.Args(env_id="tests.envs:DictObs-v0"), 0, "unused")()
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.dtype == np.float32 and obs.dtype == np.float32
+    assert obs.shape == (19,)  # pos 2, mode one-hot 4, more: 3 bits and two one-hots of 5
+
+
+def test_obs_normalizer_gives_one_running_mean_std_over_all_envs():
+    """ObsNormalizer over batches of 8 envs' observations: the numbers of gymnasium's RunningMeanStd updated with the
+    same batches, to the bit, clipped to +-10; off, observations pass unchanged; frozen (update=False), none count."""
+    from gymnasium.wrappers.utils import RunningMeanStd
+
+    rng, normalize, reference = np.random.default_rng(0), ppo_vec.ObsNormalizer(3, True), RunningMeanStd(shape=(3,))
+    for _ in range(50):
+        batch = rng.normal([1.0, -50.0, 0.0], [1.0, 10.0, 1e-3], (8, 3)).astype(np.float32)
+        reference.update(batch)
+        expected = np.clip((batch - reference.mean) / np.sqrt(reference.var + 1e-8), -10, 10).astype(np.float32)
+        np.testing.assert_array_equal(normalize(batch), expected)
+    assert normalize.count.item() == reference.count and (np.abs(normalize(batch * 1e6, update=False)) == 10).any()
+    assert normalize.count.item() == reference.count  # a frozen look counts nothing
+    off = ppo_vec.ObsNormalizer(3, False)
+    assert off(batch) is batch and off.count.item() == 1e-4
 
 
 def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
@@ -205,13 +222,9 @@ def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     assert CLEANRL_TAGS - {"charts/episodic_return", "charts/episodic_length"} <= read_scalars(run_dir).keys()
     checkpoint = torch.load(run_dir / "ppo_vec.cleanrl_model", weights_only=True)
     assert checkpoint["args"]["env_id"] == "Pendulum-v1" and checkpoint["iteration"] == 2
-    assert set(checkpoint["norm"]) == ({"obs_rms"} if norm_obs else set())
     assert checkpoint["reward_scaler"]["count"].tolist() == pytest.approx([64.0001] * 4)  # 64 steps per env
-    if norm_obs:  # the statistics the policy was trained under travel with it, one set per env
-        assert len(checkpoint["norm"]["obs_rms"]) == 4
-        assert all(
-            s["mean"].shape == (3,) and (s["var"] > 0).all() and s["count"] > 64 for s in checkpoint["norm"]["obs_rms"]
-        )
+    counted = checkpoint["obs_normalizer"]["count"].item()  # the statistics the policy was trained under travel with it
+    assert counted == pytest.approx(4 * 65 + 1e-4) if norm_obs else counted == 1e-4  # 4 envs: a reset, 64 steps
     assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
     # Evaluating later, from the file alone.
     out = run_script(SCRIPT, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path)
@@ -234,8 +247,7 @@ def test_evaluation_uses_the_saved_observation_statistics(tmp_path):
         checkpoint["model"]["actor.4.weight"][0, 0] = 5.0
     torch.save(checkpoint, path)
     first = ppo_vec.evaluate(str(path), 1, torch.device("cpu"))
-    for stats in checkpoint["norm"]["obs_rms"]:
-        stats["mean"] += 5.0
+    checkpoint["obs_normalizer"]["mean"] += 5.0
     torch.save(checkpoint, path)
     assert ppo_vec.evaluate(str(path), 1, torch.device("cpu")) != first
 

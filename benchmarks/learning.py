@@ -4,6 +4,7 @@
     python benchmarks/learning.py cartpole-ablation       # the same without reward normalization (CleanRL's ppo.py)
     python benchmarks/learning.py pendulum                # Pendulum-v1 with the README's flags, seeds 1-10
     python benchmarks/learning.py acrobot                 # Acrobot-v1 with the README's flags, seeds 1-10
+    python benchmarks/learning.py mujoco                  # the MuJoCo preset on 4 envs (v5), 1M steps, seeds 1-3
     python benchmarks/learning.py breakout                # ppo_atari_multigpu.py, 1M steps, seed 1 (~40 min, 2 cores)
     python benchmarks/learning.py breakout-ranks          # 2 ranks x 4 envs vs 1 rank x 8 envs (same global batch)
     python benchmarks/learning.py CASE --seeds 101 102    # other seeds (the ppo_vec cases)
@@ -12,7 +13,9 @@
 Each run is the script's own command line (printed), in a scratch folder (or DIR with --runs), `--jobs` at a time
 (results do not depend on it: a run gives the same numbers alone or beside another). Writes
 benchmarks/results/learning_CASE.md, .json and .png (episodic return against global step, 20-episode mean), and
-for the ppo_vec cases the learning diagnostics (entropy, approx_kl, explained variance, value loss) per seed.
+for the ppo_vec cases the learning diagnostics (entropy, approx_kl, explained variance, value loss) per seed. The
+statistics over seeds (mean +- std, IQM with a 95% bootstrap interval) and the curve bands come from
+common/results.py, as the sweep's report does (python -m common.sweep ... --report).
 """
 
 from __future__ import annotations
@@ -30,13 +33,21 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.report import MACHINE, RESULTS, save  # noqa: E402
-from tests.helpers import read_scalars  # noqa: E402
+from common import results  # noqa: E402
+from common.results import read_scalars  # noqa: E402
 
 VEC, ATARI = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
 CARTPOLE = "--env-id CartPole-v1 --num-envs 8"  # the mission's command: every other flag at its default
 PENDULUM = "--env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 300000 --gamma 0.9 --learning-rate 1e-3"
 PENDULUM += " --update-epochs 10 --num-minibatches 8 --ent-coef 0 --no-norm-obs"
 ACROBOT = "--env-id Acrobot-v1 --num-envs 16"
+# CleanRL's continuous-control settings (ppo_continuous_action.py) on 8 envs x 256 steps: the same batch of 2048
+MUJOCO = "--num-envs 8 --num-steps 256 --learning-rate 3e-4 --num-minibatches 32 --update-epochs 10 --ent-coef 0"
+MUJOCO_ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5"]
+CLEANRL_MUJOCO = {  # CleanRL's published ppo_continuous_action.py results, v4 envs, 1M steps, 3 seeds
+    "HalfCheetah-v5": "1442.6 +- 46.0 (v4)", "Hopper-v5": "2382.9 +- 271.7 (v4)", "Walker2d-v5": "2288.0 +- 571.8 (v4)",
+    "InvertedPendulum-v5": "963.1 +- 22.2 (v4)",
+}  # fmt: skip
 VEC_CASES = {  # case -> (target, flags, default seeds)
     "cartpole": ("last-20 mean return >= 475 on every seed", CARTPOLE, range(1, 11)),
     "cartpole-ablation": ("the same, without reward normalization", CARTPOLE + " --no-norm-reward", range(1, 11)),
@@ -61,6 +72,11 @@ DIAGNOSTICS = ["losses/entropy", "losses/approx_kl", "losses/explained_variance"
 
 
 def commands(case: str, seeds: list[int] | None) -> tuple[str, dict[str, list[str]]]:
+    if case == "mujoco":
+        target = "at or above CleanRL's mean on each env (theirs v4, ours v5)"
+        flags = [*MUJOCO.split(), "--total-timesteps", "1000000"]
+        runs = [(env, seed) for env in MUJOCO_ENVS for seed in seeds or [1, 2, 3]]
+        return target, {f"{env} seed {s}": [VEC, "--env-id", env, *flags, "--seed", str(s)] for env, s in runs}
     if case in OTHER_CASES:
         return OTHER_CASES[case]
     target, flags, default_seeds = VEC_CASES[case]
@@ -75,7 +91,7 @@ def run(label: str, cmd: list[str], cwd: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=sorted(VEC_CASES) + sorted(OTHER_CASES))
+    parser.add_argument("case", choices=sorted(VEC_CASES) + sorted(OTHER_CASES) + ["mujoco"])
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds to run instead of the case's own")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept")
@@ -93,25 +109,36 @@ def main() -> None:
 
     lines = [
         f"Learning, {args.case} (target: {target}). Machine: {MACHINE}.",
-        f"Command: `python benchmarks/learning.py {args.case}`; each run:",
+        f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw return of its last 20",
+        "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% bootstrap interval.",
         "",
         "| run | command | episodes | last-20 mean return |",
         "|---|---|---|---|",
     ]
-    curves, finals, diagnostics = {}, {}, {}
+    curves, finals, diagnostics, folders = {}, {}, {}, {}
     for label, cmd in cmds.items():
-        run_dir = next((args.runs / label.replace(" ", "_") / "runs").iterdir())
+        run_dir = folders[label] = next((args.runs / label.replace(" ", "_") / "runs").iterdir())
         scalars = read_scalars(run_dir)
-        steps, returns = (np.array(values) for values in zip(*scalars["charts/episodic_return"], strict=True))
-        finals[label] = float(returns[-20:].mean())
+        steps, returns, _ = results.episodes(run_dir)
+        finals[label] = results.final_return(run_dir)
         curves[label] = (steps.tolist(), returns.tolist())
         diagnostics[label] = {tag: scalars[tag] for tag in DIAGNOSTICS if tag in scalars}
         shown = " ".join(Path(c).name if c in (VEC, ATARI) else c for c in cmd)
         lines.append(f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |")
-    values = list(finals.values())
-    lines += ["", f"All runs: mean {np.mean(values):.1f}, median {np.median(values):.1f}, min {np.min(values):.1f}."]
-    plt = save(f"learning_{args.case}", lines, {"finals": finals, "curves": curves, "diagnostics": diagnostics})
-    if plt is None:
+    groups = {}  # what the statistics are over: an env's seeds (the mujoco case), or every run
+    for label in cmds:
+        groups.setdefault(label.split(" seed ")[0] if args.case == "mujoco" else args.case, []).append(label)
+    stats = {group: results.aggregate([finals[label] for label in labels]) for group, labels in groups.items()}
+    reference = CLEANRL_MUJOCO if args.case == "mujoco" else None
+    lines += ["", *results.markdown_table(stats, reference)]
+    if args.case == "mujoco":
+        for group, labels in groups.items():
+            png = RESULTS / f"learning_mujoco_{group}.png"
+            results.plot_groups({group: [folders[label] for label in labels]}, png, f"{group}, ppo_vec.py preset")
+            lines += ["", f"![{group}]({png.name})"]
+    plt = save(f"learning_{args.case}", lines, {"finals": finals, "stats": stats, "curves": curves,
+                                                "diagnostics": diagnostics})  # fmt: skip
+    if plt is None or args.case == "mujoco":
         return
     panels = ["return"] + (DIAGNOSTICS if args.case in VEC_CASES else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)

@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from common import checkpointing, experiment
-from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv, ScreenSpace
+from common.atari_wrappers import deepmind
 from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
 
@@ -122,25 +122,19 @@ class Args:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None, noop_max: int = 30):
-    """A thunk building env `idx` with DeepMind's preprocessing; RecordEpisodeStatistics sits below life loss and
-    reward clipping, so the returns it reports are raw full-game scores."""
+    """A thunk building env `idx` with DeepMind's preprocessing (common/atari_wrappers.py): noop reset, frame skip 4
+    with max-pooling, 84x84 gray, a lost life ends the episode, fire on reset, rewards clipped, 4 frames; the returns it
+    reports are raw full-game scores."""
 
     def thunk():
         gym.register_envs(ale_py)
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every env
         render_mode = "rgb_array" if capture_video and idx == 0 else None
-        # obs_type="ram": no RGB frame copied out per emulated frame (AtariPreprocessing reads the screen itself)
-        env = ScreenSpace(gym.make(env_id, frameskip=1, obs_type="ram", render_mode=render_mode))
+        # obs_type="ram": no RGB frame copied out per emulated frame (the preprocessing reads the screen itself)
+        env = gym.make(env_id, frameskip=1, obs_type="ram", render_mode=render_mode)
         if render_mode:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True)
-        env = EpisodicLifeEnv(env)
-        if env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]:
-            env = FireResetEnv(env)
-        env = gym.wrappers.ClipReward(env, -1.0, 1.0)
-        env = gym.wrappers.FrameStackObservation(env, 4)
-        return env
+        return deepmind(env, noop_max)  # one wrapper, or gymnasium's own under a recorder: the same numbers
 
     return thunk
 

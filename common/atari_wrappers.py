@@ -10,8 +10,10 @@ Use them with `gymnasium.wrappers.AtariPreprocessing` (noop reset, frame skip wi
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import cv2
 import gymnasium as gym
 import numpy as np
 
@@ -76,3 +78,134 @@ class FireResetEnv(gym.Wrapper):
             if terminated or truncated:
                 obs, info = self.env.reset(options=options)
         return obs, info
+
+
+def deepmind_wrappers(env: gym.Env, noop_max: int = 30) -> gym.Env:
+    """DeepMind's preprocessing around an ALE env made with frameskip=1 (and obs_type="ram"), from gymnasium's own
+    wrappers and the two above; RecordEpisodeStatistics below life loss and reward clipping, so the returns it reports
+    are raw full-game scores (and its lengths count emulator frames). AtariPipeline gives the same numbers, faster."""
+    env = gym.wrappers.RecordEpisodeStatistics(ScreenSpace(env))
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True)
+    env = EpisodicLifeEnv(env)
+    if env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]:
+        env = FireResetEnv(env)
+    env = gym.wrappers.ClipReward(env, -1.0, 1.0)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+class AtariPipeline(gym.Wrapper):
+    """deepmind_wrappers in one wrapper: the same observations, rewards, flags and infos, step for step (tested), with
+    the emulator driven frame by frame straight through its ALEInterface instead of through seven wrappers per frame.
+
+    Around an ALE env made with frameskip=1 and obs_type="ram", and no TimeLimit (the ALE truncates games itself); a
+    wrapper below it (RecordVideo, say) sees no step: use deepmind_wrappers there.
+    """
+
+    def __init__(self, env: gym.Env, noop_max: int = 30, frame_skip: int = 4, size: int = 84, stack: int = 4):
+        super().__init__(env)
+        self.ale = env.unwrapped.ale
+        self.action_set = env.unwrapped._action_set  # action index -> the ALE's action
+        self.noop_max, self.frame_skip, self.size = noop_max, frame_skip, size
+        self.fire = env.unwrapped.get_action_meanings()[1:2] == ["FIRE"] and env.action_space.n >= 3
+        height, width = self.ale.getScreenDims()
+        self.screens = np.zeros((2, height, width), np.uint8)  # the last two frames of a step, max-pooled
+        self.frames = np.zeros((stack, size, size), np.uint8)  # the stack, oldest first
+        self.observation_space = gym.spaces.Box(0, 255, (stack, size, size), np.uint8)
+        self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()  # RecordEpisodeStatistics
+        self.lives, self.game_over = 0, True  # EpisodicLifeEnv
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self._life_step(action)
+        self.frames[:-1] = self.frames[1:]
+        self.frames[-1] = obs
+        return self.frames.copy(), np.clip(reward, -1.0, 1.0), terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self._life_reset(seed, options)
+        for action in (1, 2) if self.fire else ():  # FireResetEnv
+            obs, _, terminated, truncated, _ = self._life_step(action)
+            if terminated or truncated:
+                obs, info = self._life_reset(None, options)
+        self.frames[:] = obs
+        return self.frames.copy(), info
+
+    def _life_step(self, action: int) -> tuple:
+        """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
+        obs, reward, terminated, truncated, info = self._skip(action)
+        self.game_over = terminated or truncated
+        lives = self.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def _life_reset(self, seed: int | None, options: dict | None) -> tuple:
+        """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op step."""
+        if self.game_over or seed is not None:
+            obs, info = self._game_reset(seed, options)
+        else:
+            obs, _, terminated, truncated, info = self._skip(0)
+            if terminated or truncated:
+                obs, info = self._game_reset(None, options)
+        self.game_over, self.lives = False, self.ale.lives()
+        return obs, info
+
+    def _skip(self, action: int) -> tuple:
+        """AtariPreprocessing.step: the action repeated frame_skip times, the last two frames max-pooled."""
+        total, terminated, truncated, ale_action = 0.0, False, False, self.action_set[action]
+        for t in range(self.frame_skip):
+            reward, terminated, truncated = self._frame(ale_action)
+            total += reward
+            if terminated or truncated:
+                break
+            if t >= self.frame_skip - 2:
+                self.ale.getScreenGrayscale(self.screens[self.frame_skip - 1 - t])
+        return self._observe(), total, terminated, truncated, self._info(terminated or truncated)
+
+    def _game_reset(self, seed: int | None, options: dict | None) -> tuple:
+        """AtariPreprocessing.reset: the game reset (the env's reset seeds the ALE), then 1 to noop_max no-ops."""
+        _, info = self.env.reset(seed=seed, options=options)
+        self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
+        noops = self.env.unwrapped.np_random.integers(1, self.noop_max + 1) if self.noop_max > 0 else 0
+        for _ in range(noops):
+            _, terminated, truncated = self._frame(self.action_set[0])
+            info.update(self._info(terminated or truncated))
+            if terminated or truncated:
+                _, info = self.env.reset(seed=seed, options=options)
+                self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
+        self.ale.getScreenGrayscale(self.screens[0])
+        self.screens[1].fill(0)
+        return self._observe(), info
+
+    def _frame(self, ale_action: Any) -> tuple[float, bool, bool]:
+        """One emulator frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics counts."""
+        reward = self.ale.act(ale_action, 1.0)
+        self.game_return += reward
+        self.game_frames += 1
+        return reward, self.ale.game_over(with_truncation=False), self.ale.game_truncated()
+
+    def _info(self, ended: bool) -> dict[str, Any]:
+        """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game ended."""
+        ale = self.ale
+        info = {"lives": ale.lives(), "episode_frame_number": ale.getEpisodeFrameNumber(),
+                "frame_number": ale.getFrameNumber()}  # fmt: skip
+        if ended:
+            elapsed, self.game_start = round(time.perf_counter() - self.game_start, 6), time.perf_counter()
+            info["episode"] = {"r": self.game_return, "l": self.game_frames, "t": elapsed}
+        return info
+
+    def _observe(self) -> np.ndarray:
+        np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
+        return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA)
+
+
+def deepmind(env: gym.Env, noop_max: int = 30) -> gym.Env:
+    """DeepMind's preprocessing: AtariPipeline where nothing below it would miss the steps it takes straight to the
+    emulator (gym.make's own order and API checks), deepmind_wrappers otherwise (a TimeLimit, RecordVideo, ...)."""
+    layers, inner = [], env
+    while isinstance(inner, gym.Wrapper):
+        layers.append(type(inner))
+        inner = inner.env
+    if all(layer in (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker) for layer in layers):
+        return AtariPipeline(env, noop_max)
+    return deepmind_wrappers(env, noop_max)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv
+from common.atari_wrappers import AtariPipeline, EpisodicLifeEnv, FireResetEnv, deepmind, deepmind_wrappers
 from tests.helpers import REPO, assert_same, only_run_dir, read_scalars, run_command, run_script
 from tests.test_ppo_vec import CLEANRL_TAGS
 
@@ -203,3 +203,57 @@ def test_fire_reset_refuses_games_without_fire():
     gym.register_envs(ale_py)
     with pytest.raises(ValueError, match=r"needs action 1 to be FIRE, got actions \['NOOP', 'UP', 'DOWN'\]"):
         FireResetEnv(gym.make("ALE/Freeway-v5"))
+
+
+@pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/SpaceInvaders-v5"])
+def test_the_one_wrapper_pipeline_gives_gymnasiums_numbers(env_id):
+    """AtariPipeline against gymnasium's wrappers (deepmind_wrappers), the same seeds and actions, through resets,
+    lost lives and game overs (sticky actions too, in the v5 env): every observation, reward, flag and info the same."""
+    gym.register_envs(ale_py)
+
+    def without_time(result):  # an episode's wall-clock seconds differ, of course
+        return tree_map(result, lambda d: {k: v for k, v in d.items() if k != "t"})
+
+    ours = deepmind(gym.make(env_id, frameskip=1, obs_type="ram"))
+    theirs = deepmind_wrappers(gym.make(env_id, frameskip=1, obs_type="ram"))
+    assert isinstance(ours, AtariPipeline) and not isinstance(theirs, AtariPipeline)
+    rng, ends = np.random.default_rng(0), 0
+    assert_same(without_time(ours.reset(seed=5)), without_time(theirs.reset(seed=5)), "reset")
+    for t in range(2500):
+        action = int(rng.integers(ours.action_space.n))
+        step = ours.step(action)
+        assert_same(without_time(step), without_time(theirs.step(action)), f"step {t}")
+        if step[2] or step[3]:
+            ends += 1
+            assert_same(without_time(ours.reset()), without_time(theirs.reset()), f"reset after step {t}")
+    assert ends >= 10
+
+
+def tree_map(value, on_dict):
+    if isinstance(value, tuple):
+        return tuple(tree_map(v, on_dict) for v in value)
+    if isinstance(value, dict):
+        return {k: tree_map(v, on_dict) for k, v in on_dict(value).items()}
+    return value
+
+
+def test_a_wrapper_below_the_preprocessing_gets_gymnasiums_wrappers():
+    """A wrapper below the preprocessing (a video recorder, a time limit) must see every frame: the pipeline that
+    drives the emulator directly is not used there."""
+
+    class CountsFrames(gym.Wrapper):
+        frames = 0
+
+        def step(self, action):
+            self.frames += 1
+            return self.env.step(action)
+
+    gym.register_envs(ale_py)
+    below = CountsFrames(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
+    env = deepmind(below)
+    assert not isinstance(env, AtariPipeline) and isinstance(env, gym.wrappers.FrameStackObservation)
+    env.reset(seed=0)
+    env.step(0)
+    assert below.frames > 4  # the noops, FIRE, action 2 and a step of 4 frames
+    limited = deepmind(gym.wrappers.TimeLimit(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"), 100))
+    assert not isinstance(limited, AtariPipeline)

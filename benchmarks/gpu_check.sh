@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The CUDA paths of both scripts, on one GPU, in under 5 minutes. Not part of CI (no GPU there).
+# The CUDA paths of both scripts, on one GPU, in under 10 minutes. Not part of CI (no GPU there).
 #
 #     bash benchmarks/gpu_check.sh          # from the repository root, with the project installed
 #
 # 1. ppo_atari_multigpu.py, one rank on cuda:0, ~2 minutes: SPS, where an iteration's time goes, peak GPU memory.
 # 2. ppo_vec.py on CUDA for a few iterations (CartPole, then Pendulum with a checkpoint, a resume and an evaluation).
 # 3. torchrun with 2 ranks on that one GPU: nccl if it takes two ranks per device, else gloo (said which).
+# 4. The scaling model's GPU parts measured (inference per step, update per iteration) and its predictions from them.
 # Any error ends it with a non-zero status and the failing command's output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,4 +48,8 @@ else
     run2 --backend gloo 2>&1 | tee "$out/gloo.txt" | grep -E "SPS=|checksum" | tail -n 2
     grep -q "final parameter checksum" "$out/gloo.txt"
 fi
+
+step "4. the scaling model, its measured parts on this GPU"
+timeout 300 python benchmarks/scaling_model.py --measure --device cuda --cores-per-gpu "$(nproc)"
+
 echo; echo "gpu_check: all passed (outputs in $out)"

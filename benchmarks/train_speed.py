@@ -3,6 +3,16 @@
     python benchmarks/train_speed.py                  # CartPole at 1, 2, 4, 8, 16 envs, Breakout at 8; 3 repetitions
     python benchmarks/train_speed.py --quick          # CartPole at 1 and 8 envs only, 1 repetition
     python benchmarks/train_speed.py --baseline REV   # also the scripts as they were at git revision REV
+    python benchmarks/train_speed.py --cleanrl DIR    # also CleanRL's own scripts, from a checkout of it in DIR
+    python benchmarks/train_speed.py --cleanrl DIR --hopper   # ... and a whole 1M-step Hopper run of each
+
+`--cleanrl DIR`: CleanRL's ppo.py and ppo_atari.py as published (tested at its commit fe8d8a0, fetch it with
+`git clone https://github.com/vwxyzjn/cleanrl DIR && git -C DIR checkout fe8d8a0`), in a venv of their own
+(benchmarks/.venv-cleanrl, made once with CleanRL's pins: gymnasium 0.29.1, ale-py 0.8.1 with the ROMs of the
+ale-py 0.9.1 wheel, mujoco 2.3.3; the PyPI `cleanrl` package ships only older scripts for Python < 3.11). Their
+envs are the v4 ones that gymnasium 0.29 has (Hopper-v4 where ours is Hopper-v5). `--hopper` times CleanRL's
+ppo_continuous_action.py (1 env x 2048 steps) against ppo_vec.py's continuous preset for a whole 1M-step run each,
+wall time from start to exit.
 
 Every run is a fresh subprocess, as a user runs it; repetitions are interleaved (ours, reference, ours, ...).
 SPS counts from the first step (env start-up excluded, as both scripts report it). For ours, the time per
@@ -13,10 +23,12 @@ run's TensorBoard `perf/` scalars. Writes benchmarks/results/train_speed.md and 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +39,57 @@ sys.path.insert(0, str(REPO))
 from benchmarks.report import MACHINE, RESULTS, save  # noqa: E402
 from tests.helpers import read_scalars  # noqa: E402
 
+CLEANRL_VENV = REPO / "benchmarks" / ".venv-cleanrl"
+HOPPER_PRESET = [
+    "--num-envs",
+    "8",
+    "--num-steps",
+    "256",
+    "--learning-rate",
+    "3e-4",
+    "--num-minibatches",
+    "32",
+    "--update-epochs",
+    "10",
+    "--ent-coef",
+    "0",
+]  # fmt: skip  (the README's continuous preset)
 
-def run(cmd: list[str]) -> tuple[int, dict]:
-    """Runs one training command in a scratch folder: its SPS and, for ours, median per-iteration seconds."""
+
+def cleanrl_python() -> str:
+    """CleanRL's own venv, with the pins of its requirements at fe8d8a0 (torch: the CPU build on this disk)."""
+    python = CLEANRL_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {CLEANRL_VENV} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(CLEANRL_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True)
+        subprocess.run([*pip, "gymnasium==0.29.1", "numpy==1.24.4", "tyro==0.5.10", "tensorboard==2.11.2",
+                        "protobuf==3.20.3", "mujoco==2.3.3", "imageio", "ale-py==0.8.1", "shimmy==1.1.0",
+                        "opencv-python-headless==4.7.0.72"], check=True)  # fmt: skip
+        with (
+            tempfile.TemporaryDirectory() as tmp
+        ):  # ale-py 0.8 downloads ROMs from outside PyPI; 0.9.1's wheel has them
+            subprocess.run([*pip[:-2], "download", "-q", "--no-deps", "ale-py==0.9.1", "-d", tmp], check=True)
+            wheel = next(Path(tmp).glob("ale_py-0.9.1-*.whl"))
+            subprocess.run(["unzip", "-oq", "-j", str(wheel), "ale_py/roms/*.bin", "-d", f"{tmp}/roms"], check=True)
+            subprocess.run([str(CLEANRL_VENV / "bin" / "ale-import-roms"), f"{tmp}/roms"], check=True)
+    return str(python)
+
+
+def run(cmd: list[str], env: dict | None = None) -> tuple[int, dict]:
+    """Runs one training command in a scratch folder: its last SPS, its wall time from start to exit ("wall") and,
+    for ours, median per-iteration seconds."""
     with tempfile.TemporaryDirectory() as cwd:
-        out = subprocess.run([sys.executable, *cmd], cwd=cwd, capture_output=True, text=True, timeout=3600)
+        start = time.perf_counter()
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=7200, env=env)
+        wall = time.perf_counter() - start
         if out.returncode:
             raise RuntimeError(f"{cmd} failed:\n{out.stderr[-3000:]}")
-        sps = int(re.findall(r"SPS=(\d+)", out.stdout)[-1])
-        breakdown = {}
+        sps = int(re.findall(r"SPS[=:] ?(\d+)", out.stdout)[-1])  # ours: SPS=..., CleanRL's: SPS: ...
+        breakdown = {"wall": wall}
         runs = Path(cwd, "runs")
-        if runs.exists():
+        if Path(cmd[1]).name in ("ppo_vec.py", "ppo_atari_multigpu.py"):
             scalars = read_scalars(next(runs.iterdir()))
             for part in ("env", "inference", "update"):
                 breakdown[part] = float(np.median([v for _, v in scalars[f"perf/{part}_seconds"][1:]]))
@@ -53,11 +105,17 @@ def main() -> None:
     parser.add_argument("--no-atari", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--baseline", help="a git revision whose scripts run beside today's, interleaved")
+    parser.add_argument("--cleanrl", type=Path, help="a checkout of CleanRL: its scripts run beside ours, interleaved")
+    parser.add_argument("--hopper", action="store_true", help="with --cleanrl: a 1M-step Hopper run of each, once")
     args = parser.parse_args()
     if args.quick:
         args.num_envs, args.repetitions, args.no_atari = [1, 8], 1, True
-    ours_vec, ours_atari = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
+    py, ours_vec, ours_atari = sys.executable, str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
     reference = str(REPO / "benchmarks" / "cleanrl_reference.py")
+    cleanrl = None
+    if args.cleanrl:
+        cleanrl = {"python": cleanrl_python(), "dir": args.cleanrl.resolve()}
+        cleanrl["env"] = dict(os.environ, PYTHONPATH=str(cleanrl["dir"]))  # ppo_atari.py imports cleanrl_utils
 
     baseline = None
     if args.baseline:  # the scripts and common/ of that revision, unpacked into a folder of their own
@@ -66,59 +124,69 @@ def main() -> None:
                                  cwd=REPO, capture_output=True, check=True).stdout  # fmt: skip
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
 
-    cases = {}  # label -> {backend: command}
+    def published(script: str, *flags: str) -> tuple[list[str], dict]:
+        return [cleanrl["python"], str(cleanrl["dir"] / "cleanrl" / script), *flags, "--no-cuda"], cleanrl["env"]
+
+    cases = {}  # label -> {backend: (argv, environment or None)}
     for n in args.num_envs:
         steps = n * 128 * args.iterations
         flags = ["--env-id", "CartPole-v1", "--num-envs", str(n), "--total-timesteps", str(steps)]
-        cases[f"CartPole-v1, {n} envs"] = {
-            "ours": [ours_vec, *flags],
-            "reference": [
-                reference,
-                "--env-id",
-                "CartPole-v1",
-                "--num-envs",
-                str(n),
-                "--iterations",
-                str(args.iterations),
-            ],
+        case = cases[f"CartPole-v1, {n} envs"] = {
+            "ours": ([py, ours_vec, *flags], None),
+            "reference": ([py, reference, *flags[:4], "--iterations", str(args.iterations)], None),
         }
         if baseline:
-            cases[f"CartPole-v1, {n} envs"]["baseline"] = [str(baseline / "ppo_vec.py"), *flags]
+            case["baseline"] = ([py, str(baseline / "ppo_vec.py"), *flags], None)
+        if cleanrl:
+            case["CleanRL"] = published("ppo.py", *flags)
     if not args.no_atari:
         steps = 8 * 128 * args.atari_iterations
         flags = ["--local-num-envs", "8", "--total-timesteps", str(steps)]
-        cases["Breakout, 8 envs, 1 rank"] = {
-            "ours": [ours_atari, *flags],
-            "reference": [reference, "--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "8", "--iterations",
-                          str(args.atari_iterations)],
+        case = cases["Breakout, 8 envs, 1 rank"] = {
+            "ours": ([py, ours_atari, *flags], None),
+            "reference": ([py, reference, "--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "8", "--iterations",
+                           str(args.atari_iterations)], None),
         }  # fmt: skip
         if baseline:
-            cases["Breakout, 8 envs, 1 rank"]["baseline"] = [str(baseline / "ppo_atari_multigpu.py"), *flags]
+            case["baseline"] = ([py, str(baseline / "ppo_atari_multigpu.py"), *flags], None)
+        if cleanrl:
+            case["CleanRL"] = published("ppo_atari.py", "--env-id", "BreakoutNoFrameskip-v4", *flags[2:])
     samples = {label: {name: [] for name in [*cmds, "breakdown"]} for label, cmds in cases.items()}
     for _ in range(args.repetitions):
         for label, cmds in cases.items():
-            for name, cmd in cmds.items():
-                sps, breakdown = run(cmd)
+            for name, (cmd, env) in cmds.items():
+                sps, breakdown = run(cmd, env)
                 samples[label][name].append(sps)
                 if name == "ours":
                     samples[label]["breakdown"].append(breakdown)
             print(f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds), flush=True)
-    write_report(samples, args)
+    hopper = None
+    if args.hopper and cleanrl:  # one whole run each, ours first
+        ours_sps, ours = run([py, ours_vec, "--env-id", "Hopper-v5", *HOPPER_PRESET, "--seed", "1"])
+        theirs_sps, theirs = run(published("ppo_continuous_action.py", "--env-id", "Hopper-v4", "--seed", "1")[0],
+                                 cleanrl["env"])  # fmt: skip
+        hopper = {"ours": (ours_sps, ours["wall"]), "CleanRL": (theirs_sps, theirs["wall"])}
+        print(f"Hopper, 1M steps: ours {ours['wall']:.0f} s, CleanRL {theirs['wall']:.0f} s", flush=True)
+    write_report(samples, args, hopper)
 
 
-def write_report(samples, args) -> None:
+def write_report(samples, args, hopper=None) -> None:
     machine = MACHINE
-    base = f", baseline: the scripts at git revision {args.baseline}" if args.baseline else ""
+    extra = [name for name in ("baseline", "CleanRL") if getattr(args, name.lower())]
+    also = "".join(f" --{name.lower()} {getattr(args, name.lower())}" for name in extra)
     lines = [
         f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
-        f"(a CleanRL-style loop over SyncVectorEnv){base}. Machine: {machine}.",
-        f"Command: `python benchmarks/train_speed.py{f' --baseline {args.baseline}' if args.baseline else ''}`.",
+        "(a CleanRL-style loop over SyncVectorEnv)"
+        + (f"; baseline: the scripts at git revision {args.baseline}" if args.baseline else "")
+        + ("; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own" if args.cleanrl else "")
+        + f". Machine: {machine}.",
+        f"Command: `python benchmarks/train_speed.py{also}`.",
         "Per-iteration seconds of ours (medians): env wait / inference and bookkeeping / update.",
         "",
         "| case | ours SPS | reference SPS | ours / reference |"
-        + (" baseline SPS | ours / baseline |" if args.baseline else "")
+        + "".join(f" {name} SPS | ours / {name} |" for name in extra)
         + " env s | inference s | update s |",
-        "|---|---|---|---|" + ("---|---|" if args.baseline else "") + "---|---|---|",
+        "|---|---|---|---|" + "---|---|" * len(extra) + "---|---|---|",
     ]
     summary = {}
     for label, s in samples.items():
@@ -126,13 +194,22 @@ def write_report(samples, args) -> None:
         parts = [float(np.median([b[p] for b in s["breakdown"]])) for p in ("env", "inference", "update")]
         summary[label] = dict(ours=ours, reference=ref, breakdown=parts, samples=s)
         row = f"| {label} | {ours:.0f} | {ref:.0f} | {ours / ref:.2f}x |"
-        if args.baseline:
-            summary[label]["baseline"] = old = float(np.median(s["baseline"]))
-            row += f" {old:.0f} | {ours / old:.2f}x |"
+        for name in extra:
+            summary[label][name] = other = float(np.median(s[name]))
+            row += f" {other:.0f} | {ours / other:.2f}x |"
         lines.append(row + " " + " | ".join(f"{p:.3f}" for p in parts) + " |")
     one, eight = summary.get("CartPole-v1, 1 envs"), summary.get("CartPole-v1, 8 envs")
     if one and eight:
         lines += ["", f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x."]
+    if hopper:
+        (ours_sps, ours_wall), (theirs_sps, theirs_wall) = hopper["ours"], hopper["CleanRL"]
+        lines += [
+            "",
+            f"A whole run, seed 1, 1M steps: ppo_vec.py Hopper-v5 with the continuous preset {ours_wall:.0f} s "
+            f"({ours_sps} SPS); CleanRL's ppo_continuous_action.py Hopper-v4 (1 env x 2048 steps) {theirs_wall:.0f} s "
+            f"({theirs_sps} SPS): {theirs_wall / ours_wall:.2f}x the wall time of ours.",
+        ]
+        summary["hopper"] = hopper
     plt = save("train_speed", lines, {"summary": summary})
     if plt is None:
         return

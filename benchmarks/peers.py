@@ -45,4 +45,3 @@ def envpool_vector(n: int, **changes: Any) -> Any:
     import envpool
 
     return envpool.make_gymnasium("Breakout-v5", num_envs=n, batch_size=n, seed=0, **(ENVPOOL_ALIKE | changes))
-

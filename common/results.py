@@ -106,8 +106,14 @@ def aggregate(values: list[float], confidence: float = 0.95, resamples: int = 10
     out = {"runs": len(x), "mean": float(np.mean(x)), "std": float(np.std(x, ddof=1)) if len(x) > 1 else 0.0}
     out["iqm"] = float(stats.trim_mean(x, 0.25))
     if len(x) > 1 and np.ptp(x) > 0:
-        result = stats.bootstrap((x,), lambda a, axis: stats.trim_mean(a, 0.25, axis=axis), n_resamples=resamples,
-                                 confidence_level=confidence, method="percentile", rng=np.random.default_rng(0))
+        result = stats.bootstrap(
+            (x,),
+            lambda a, axis: stats.trim_mean(a, 0.25, axis=axis),
+            n_resamples=resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(0),
+        )
         out["iqm_low"], out["iqm_high"] = float(result.confidence_interval.low), float(result.confidence_interval.high)
     else:  # one run, or all alike: nothing to resample
         out["iqm_low"] = out["iqm_high"] = out["iqm"]

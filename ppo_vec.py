@@ -126,7 +126,7 @@ def make_env(args: Args, idx: int, run_dir: Path):
 
 class ObsNormalizer(nn.Module):
     """gymnasium's NormalizeObservation and a clip to +-10, one running mean and variance for all envs: with a set per
-    env, one state meant other inputs in each, and Hopper-v5 learned half as well (benchmarks/results/mujoco.md)."""
+    env, one state meant other inputs in each, and Hopper-v5 learned half as well (README, MuJoCo)."""
 
     def __init__(self, obs_dim: int, enabled: bool):
         super().__init__()

@@ -174,7 +174,7 @@ def plot_groups(groups: dict[str, list[Path | str]], path: Path, title: str) -> 
             if band is None:
                 continue
             grid, mean, low, high = band
-            (line,) = ax.plot(grid, mean, lw=1.5, label=f"{name} ({len(runs)} runs)")
+            (line,) = ax.plot(grid, mean, lw=1.5, label=f"{name}: mean of {len(runs)} runs, 95% bootstrap band")
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         ax.set(xlabel=label, ylabel="episodic return (mean of the last 20)", title=title)
         ax.grid(alpha=0.3)

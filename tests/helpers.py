@@ -39,6 +39,14 @@ def assert_same(actual, expected, path: str = "result") -> None:
         assert type(actual) is type(expected) and actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
+def LONG(*values) -> list:  # noqa: N802 - reads as a marker in a parametrize list
+    """Parameters of an end-to-end test that repeat its case at other timings or fault kinds: `-m long` runs them (the
+    README's test command runs the first one of each)."""
+    import pytest
+
+    return [pytest.param(value, marks=pytest.mark.long) for value in values]
+
+
 def alive(pid: int) -> bool:
     """True if `pid` runs (a zombie counts as dead: it has exited and only waits to be reaped)."""
     try:
@@ -86,6 +94,52 @@ def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | Non
 def run_script(script, args, cwd, timeout=300, extra_env=None):
     """Runs a script as a user would: a subprocess with a list argv, an absolute path and its own cwd."""
     return run_command([sys.executable, str(script), *map(str, args)], cwd, timeout, extra_env)
+
+
+# Runs one script's command lines in forks of a process that imported the script once (its `main` guard keeps the
+# import from running it): each fork runs the script as __main__ with its argv, cwd and sys.path, as a user's
+# `python script.py ...` would, without paying torch's import again. Prints one JSON list: [exit status, ...].
+_PRELOADED = r"""
+import importlib, json, os, runpy, sys
+script, cases = sys.argv[1], json.loads(sys.argv[2])
+sys.path[:1] = [os.path.dirname(script)]
+importlib.import_module(os.path.basename(script)[:-3])
+statuses = []
+for flags, cwd, out, err in cases:
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        sys.path.insert(1, cwd)
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = [script, *flags]
+        status = 0
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(status)
+    statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(json.dumps(statuses))
+"""
+
+
+def run_script_many(script, cases: list[tuple[list[str], Path]], timeout=300) -> list[subprocess.CompletedProcess]:
+    """`run_script(script, flags, cwd)` for each (flags, cwd), one after another, in forks of one process that
+    imported the script (and so torch) once; cwd is also on sys.path, as PYTHONPATH would put it."""
+    import json
+
+    files = [(Path(cwd) / ".out", Path(cwd) / ".err") for _, cwd in cases]
+    pairs = zip(cases, files, strict=True)
+    table = [[list(map(str, flags)), str(cwd), str(out), str(err)] for (flags, cwd), (out, err) in pairs]
+    driver = run_command([sys.executable, "-c", _PRELOADED, str(script), json.dumps(table)], REPO, timeout)
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    statuses = json.loads(driver.stdout.splitlines()[-1])
+    return [
+        subprocess.CompletedProcess([str(script), *flags], status, out.read_text(), err.read_text())
+        for (flags, _), status, (out, err) in zip(cases, statuses, files, strict=True)
+    ]
 
 
 def only_run_dir(cwd) -> Path:

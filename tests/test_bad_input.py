@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from common import checkpointing
-from tests.helpers import REPO, descendants, leftovers, run_script
+from tests.helpers import REPO, descendants, leftovers, run_script, run_script_many
 
-pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
+# Runs the scripts as users do (the README's test command, not the fast tier); under pytest-xdist, on one worker, so
+# that the module's fixture runs every case once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("bad_input")]
 
 VEC, ATARI = REPO / "ppo_vec.py", REPO / "ppo_atari_multigpu.py"
 
@@ -26,6 +28,8 @@ def write_files(folder):
         checkpointing.save_checkpoint(folder / f"{script[:-3]}.pt", state)
     state = {"script": "ppo_vec.py", "model": {"w": torch.zeros(1)}, "iteration": 1}
     checkpointing.save_checkpoint(folder / "incomplete.pt", state)  # no "args"
+    whole = (folder / "ppo_atari_multigpu.pt").read_bytes()
+    (folder / "truncated.pt").write_bytes(whole[: len(whole) // 2])  # a save cut short (the disk filled, a kill)
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
     return folder
 
@@ -36,6 +40,7 @@ CASES = [
     (ATARI, ["--eval-checkpoint", "ppo_vec.pt"], "was written by ppo_vec.py; ppo_atari_multigpu.py reads only its own"),
     (VEC, ["--resume", "notes.txt"], "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)"),
     (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
+    (ATARI, ["--resume", "truncated.pt"], "--resume truncated.pt: not a readable checkpoint ("),
     (VEC, ["--resume", "missing.pt"], "--resume missing.pt: no such file"),
     (VEC, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt holds no rng and no optimizer and no reward_scaler and no"),
     (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no args: not a whole checkpoint"),
@@ -76,16 +81,19 @@ IDS = [" ".join([c[0].stem, *c[1]]) for c in CASES]
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    """Every case run at once, 4 at a time (each one's time is mostly importing torch), each in its own folder:
-    {case id: (completed process, folder)}, and the processes alive before."""
+    """Every case, each in its own folder, run by forks of one process per script that imported it once (each case's
+    time would be mostly importing torch): {case id: (completed process, folder)}, and the processes alive before."""
     base, before = tmp_path_factory.mktemp("bad_input"), descendants()
+    folders = [write_files(base / str(i) / "cwd") for i in range(len(CASES))]
 
-    def run(case):
-        (script, flags, _), folder = case, write_files(base / str(CASES.index(case)) / "cwd")
-        return run_script(script, flags, folder, timeout=120, extra_env={"PYTHONPATH": str(folder)}), folder
+    def run(script):
+        mine = [i for i, case in enumerate(CASES) if case[0] == script]
+        done = run_script_many(script, [(CASES[i][1], folders[i]) for i in mine], timeout=300)
+        return {IDS[i]: (out, folders[i]) for i, out in zip(mine, done, strict=True)}
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(zip(IDS, pool.map(run, CASES), strict=True)), before
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        found = [*pool.map(run, (VEC, ATARI))]
+    return found[0] | found[1], before
 
 
 @pytest.mark.parametrize(("script", "flags", "message"), CASES, ids=IDS)
@@ -98,6 +106,14 @@ def test_bad_input_is_one_line_and_starts_nothing(outcomes, script, flags, messa
     assert out.stdout == ""
     assert not (files / "runs").exists()
     assert not leftovers(before)
+
+
+def test_bad_input_as_its_own_process(tmp_path):
+    """One case as a plain `python script.py ...` (the others run in forks of a process that imported the script)."""
+    out = run_script(VEC, ["--env-id", "CartPol-v1"], tmp_path, timeout=120)
+    assert out.returncode == 2 and out.stdout == "" and not (tmp_path / "runs").exists()
+    assert out.stderr.startswith("ppo_vec.py: error: --env-id 'CartPol-v1' is not a registered gymnasium env; did you")
+    assert len(out.stderr.splitlines()) == 1
 
 
 def test_a_choice_flag_lists_its_choices(tmp_path):

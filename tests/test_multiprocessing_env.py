@@ -300,10 +300,11 @@ def test_workers_poll_for_the_next_command_only_when_they_do_not_outnumber_the_c
         assert worker_cpu_while_idle(envs) > 0.15
     with SubprocVecEnv([make_counter] * 2, num_workers=2, worker_spin=0.0) as envs:
         assert worker_cpu_while_idle(envs) < 0.05
+    # The default's choice, read back rather than timed (a 300 us window is too small to time on a busy machine).
     with SubprocVecEnv([make_counter] * (cores + 2), envs_per_worker=1) as envs:  # outnumbered: no polling
-        assert worker_cpu_while_idle(envs, gaps=100, gap=0.002) < 0.02
+        assert envs.worker_spin == 0.0
     with SubprocVecEnv([make_counter] * cores, num_workers=cores) as envs:  # one per core: 300 us after each step
-        assert worker_cpu_while_idle(envs, gaps=100, gap=0.002) > 0.008
+        assert envs.worker_spin == 300e-6
 
 
 def test_gymnasium_wrappers_that_work_on_top_give_syncs_results():

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from common.results import read_scalars
-from tests.helpers import alive, descendants, only_run_dir, run_script
+from tests.helpers import LONG, alive, descendants, only_run_dir, run_script
 from tests.test_faults import FAULT_ENV, fault_env, rank_pid, start_torchrun, start_training, stop
 from tests.test_ppo_atari_multigpu import SCRIPT as ATARI
 from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
@@ -104,7 +104,7 @@ def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
     assert steps == [128 * i for i in range(1, 7)]  # each iteration once: none repeated, none skipped
 
 
-@pytest.mark.parametrize("gap", [0.02, 0.0, 0.5])
+@pytest.mark.parametrize("gap", [0.02, *LONG(0.0, 0.5)])
 def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap):
     """A scheduler signals every process of a job: the workers (and the forkserver, and the watcher) first, the
     trainer `gap` seconds later. The workers leave stopping to the trainer, which saves, then resumes."""
@@ -129,12 +129,22 @@ def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap)
     assert out.returncode == 0 and f"global_step={total}/{total}" in out.stdout, out.stderr
 
 
-def forkserver_children(rank: int) -> list[int]:
-    """The worker processes of a rank: children of the forkserver it started."""
-    for pid in descendants(rank):
-        if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return sorted(int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
-    raise AssertionError(f"rank {rank} has no forkserver")
+def forkserver_children(rank: int, timeout: float = 30.0) -> list[int]:
+    """The worker processes of a rank: children of the forkserver it started (the rank's own child whose command
+    line names the forkserver; the workers it forks carry the same command line). Waits for them, bounded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in descendants(rank):
+            try:
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent == rank and b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                    if children:
+                        return sorted(int(child) for child in children)
+            except OSError:
+                continue
+        time.sleep(0.1)
+    raise AssertionError(f"rank {rank} has no forkserver with workers after {timeout} s")
 
 
 def test_a_failing_rank_says_why_with_its_rank(tmp_path):
@@ -174,7 +184,7 @@ def all_gone(pids: list[int], within: float = 5.0) -> bool:
     return not [pid for pid in pids if alive(pid)]
 
 
-@pytest.mark.parametrize("ending", ["done", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", *LONG("done")])
 def test_helpers_of_envs_in_the_trainer_end_with_the_run(tmp_path, ending):
     """Envs stepped in the trainer (and the ones the flag check builds) start a helper process each: however the run
     ends, none outlives it."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -32,3 +34,18 @@ def pyplot():
         print("matplotlib is not installed: no plot (pip install -e '.[bench]')")
         return None
     return plt
+
+
+def venv_python(venv: Path, *installs: list[str]) -> tuple[str, list[str] | None]:
+    """The python of a peer's own venv, and its pip command when the venv was just made (torch first: the CPU build
+    on this disk, so that no pin pulls a CUDA build), with each list of `installs` installed in order; (python, None)
+    when it was there already."""
+    python = venv / "bin" / "python"
+    if python.exists():
+        return str(python), None
+    print(f"making {venv} (once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    for packages in (["torch==2.13.0"], *installs):
+        subprocess.run([*pip, *packages], check=True)
+    return str(python), pip

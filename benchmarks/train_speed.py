@@ -36,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.report import MACHINE, RESULTS, save  # noqa: E402
+from benchmarks.report import MACHINE, RESULTS, save, venv_python  # noqa: E402
 from tests.helpers import read_scalars  # noqa: E402
 
 CLEANRL_VENV = REPO / "benchmarks" / ".venv-cleanrl"
@@ -58,23 +58,16 @@ HOPPER_PRESET = [
 
 def cleanrl_python() -> str:
     """CleanRL's own venv, with the pins of its requirements at fe8d8a0 (torch: the CPU build on this disk)."""
-    python = CLEANRL_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"making {CLEANRL_VENV} (once)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(CLEANRL_VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "torch==2.13.0"], check=True)
-        subprocess.run([*pip, "gymnasium==0.29.1", "numpy==1.24.4", "tyro==0.5.10", "tensorboard==2.11.2",
-                        "protobuf==3.20.3", "mujoco==2.3.3", "imageio", "ale-py==0.8.1", "shimmy==1.1.0",
-                        "opencv-python-headless==4.7.0.72"], check=True)  # fmt: skip
-        with (
-            tempfile.TemporaryDirectory() as tmp
-        ):  # ale-py 0.8 downloads ROMs from outside PyPI; 0.9.1's wheel has them
+    pins = ["gymnasium==0.29.1", "numpy==1.24.4", "tyro==0.5.10", "tensorboard==2.11.2", "protobuf==3.20.3"]
+    pins += ["mujoco==2.3.3", "imageio", "ale-py==0.8.1", "shimmy==1.1.0", "opencv-python-headless==4.7.0.72"]
+    python, pip = venv_python(CLEANRL_VENV, pins)
+    if pip:  # ale-py 0.8 downloads ROMs from outside PyPI; 0.9.1's wheel has them
+        with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([*pip[:-2], "download", "-q", "--no-deps", "ale-py==0.9.1", "-d", tmp], check=True)
             wheel = next(Path(tmp).glob("ale_py-0.9.1-*.whl"))
             subprocess.run(["unzip", "-oq", "-j", str(wheel), "ale_py/roms/*.bin", "-d", f"{tmp}/roms"], check=True)
             subprocess.run([str(CLEANRL_VENV / "bin" / "ale-import-roms"), f"{tmp}/roms"], check=True)
-    return str(python)
+    return python
 
 
 def run(cmd: list[str], env: dict | None = None) -> tuple[int, dict]:

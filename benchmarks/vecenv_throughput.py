@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import peers  # noqa: E402
-from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save  # noqa: E402
+from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save, venv_python  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
 
@@ -123,16 +123,8 @@ def draw_actions(env_name: str, n: int) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------------- PufferLib
 def puffer_python() -> str:
     """PufferLib's own venv: this project and pufferlib-core (its torch==2.9.0 pin left out: torch is already here)."""
-    python = PUFFER_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"making {PUFFER_VENV} (once)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(PUFFER_VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build on this disk; any torch would do
-        subprocess.run([*pip, "-e", str(REPO)], check=True)
-        subprocess.run([*pip, "--no-deps", "pufferlib-core"], check=True)
-        subprocess.run([*pip, "psutil"], check=True)
-    return str(python)
+    python, _ = venv_python(PUFFER_VENV, ["-e", str(REPO)], ["--no-deps", "pufferlib-core"], ["psutil"])
+    return python
 
 
 def puffer_measure(env_name: str, n: int, workers: int, seconds: float) -> float:

@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision whose scripts run beside today's, interleaved")
     parser.add_argument("--cleanrl", type=Path, help="a checkout of CleanRL: its scripts run beside ours, interleaved")
     parser.add_argument("--hopper", action="store_true", help="with --cleanrl: a 1M-step Hopper run of each, once")
+    parser.add_argument("--hopper-steps", type=int, default=1_000_000, help="with --hopper: the runs' total steps")
     args = parser.parse_args()
     if args.quick:
         args.num_envs, args.repetitions, args.no_atari = [1, 8], 1, True
@@ -155,11 +156,13 @@ def main() -> None:
             print(f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds), flush=True)
     hopper = None
     if args.hopper and cleanrl:  # one whole run each, ours first
-        ours_sps, ours = run([py, ours_vec, "--env-id", "Hopper-v5", *HOPPER_PRESET, "--seed", "1"])
-        theirs_sps, theirs = run(published("ppo_continuous_action.py", "--env-id", "Hopper-v4", "--seed", "1")[0],
+        steps = ["--total-timesteps", str(args.hopper_steps), "--seed", "1"]
+        ours_sps, ours = run([py, ours_vec, "--env-id", "Hopper-v5", *HOPPER_PRESET, *steps])
+        theirs_sps, theirs = run(published("ppo_continuous_action.py", "--env-id", "Hopper-v4", *steps)[0],
                                  cleanrl["env"])  # fmt: skip
         hopper = {"ours": (ours_sps, ours["wall"]), "CleanRL": (theirs_sps, theirs["wall"])}
-        print(f"Hopper, 1M steps: ours {ours['wall']:.0f} s, CleanRL {theirs['wall']:.0f} s", flush=True)
+        walls = f"ours {ours['wall']:.0f} s, CleanRL {theirs['wall']:.0f} s"
+        print(f"Hopper, {args.hopper_steps} steps: {walls}", flush=True)
     write_report(samples, args, hopper)
 
 
@@ -198,7 +201,8 @@ def write_report(samples, args, hopper=None) -> None:
         (ours_sps, ours_wall), (theirs_sps, theirs_wall) = hopper["ours"], hopper["CleanRL"]
         lines += [
             "",
-            f"A whole run, seed 1, 1M steps: ppo_vec.py Hopper-v5 with the continuous preset {ours_wall:.0f} s "
+            f"A whole run, seed 1, {args.hopper_steps} steps: ppo_vec.py Hopper-v5 with the continuous preset "
+            f"{ours_wall:.0f} s "
             f"({ours_sps} SPS); CleanRL's ppo_continuous_action.py Hopper-v4 (1 env x 2048 steps) {theirs_wall:.0f} s "
             f"({theirs_sps} SPS): {theirs_wall / ours_wall:.2f}x the wall time of ours.",
         ]

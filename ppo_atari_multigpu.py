@@ -9,7 +9,7 @@
     python ppo_atari_multigpu.py --eval-checkpoint runs/<run_name>/checkpoint.pt
 
 Each rank steps `local_num_envs` envs, seeded `seed + rank * local_num_envs + i`; `total_timesteps` counts the steps
-of all ranks. Rank 0 alone writes TensorBoard, prints and saves. DeepMind preprocessing from gymnasium's wrappers
+of all ranks. Rank 0 alone writes TensorBoard, prints and saves. DeepMind preprocessing in one wrapper, AtariPipeline
 (noop reset, frame skip 4 with max-pool, episodic life, fire on reset, rewards clipped, 84x84 gray, 4 frames); logged
 returns are raw full-game scores. A truncated step is bootstrapped from `V(final_obs)`, as in ppo_vec.py. Ctrl-C or
 SIGTERM writes runs/<run_name>/checkpoint.pt and exits 130 or 143; --checkpoint-interval N writes one every N

@@ -9,6 +9,7 @@
     python benchmarks/learning.py breakout-ranks          # 2 ranks x 4 envs vs 1 rank x 8 envs (same global batch)
     python benchmarks/learning.py CASE --seeds 101 102    # other seeds (the ppo_vec cases)
     python benchmarks/learning.py CASE --runs DIR         # runs in DIR; those already there are summarized, not rerun
+    python benchmarks/learning.py CASE --runs DIR --finished-only   # run nothing: the finished runs, the rest listed
 
 Each run is the script's own command line (printed), in a scratch folder (or DIR with --runs), `--jobs` at a time
 (results do not depend on it: a run gives the same numbers alone or beside another). Writes
@@ -95,8 +96,20 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds to run instead of the case's own")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept")
+    parser.add_argument("--finished-only", action="store_true", help="with --runs: summarize what finished")
     args = parser.parse_args()
     target, cmds = commands(args.case, args.seeds)
+    not_run = []
+    if args.finished_only and args.runs is None:
+        parser.error("--finished-only summarizes the runs in --runs DIR: give it")
+    if args.finished_only:
+
+        def finished(label: str) -> bool:
+            summaries = list((args.runs / label.replace(" ", "_") / "runs").glob("*/summary.json"))
+            return bool(summaries) and (results.read_json(summaries[0]) or {}).get("status") == "done"
+
+        not_run = [label for label in cmds if not finished(label)]
+        cmds = {label: cmd for label, cmd in cmds.items() if label not in not_run}
     if args.runs is None:
         args.runs = Path(tempfile.mkdtemp(prefix=f"learning-{args.case}-"))
     print(f"runs go to {args.runs} (kept: summarize them again with --runs {args.runs})", flush=True)
@@ -131,6 +144,8 @@ def main() -> None:
     stats = {group: results.aggregate([finals[label] for label in labels]) for group, labels in groups.items()}
     reference = CLEANRL_MUJOCO if args.case == "mujoco" else None
     lines += ["", *results.markdown_table(stats, reference)]
+    if not_run:
+        lines += ["", f"Not run (or not finished) for this table: {', '.join(not_run)}."]
     if args.case == "mujoco":
         for group, labels in groups.items():
             png = RESULTS / f"learning_mujoco_{group}.png"

@@ -204,6 +204,7 @@ def test_sigint_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
     assert ranks[0] == ranks[1]
 
 
+@pytest.mark.long  # the job also ends when a rank fails through its worker: test_a_failing_rank_says_why_with_its_rank
 def test_a_dead_rank_ends_the_whole_job(tmp_path):
     proc = start_torchrun(tmp_path)
     family = descendants(proc.pid)

@@ -47,6 +47,11 @@ def LONG(*values) -> list:  # noqa: N802 - reads as a marker in a parametrize li
     return [pytest.param(value, marks=pytest.mark.long) for value in values]
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of `pid`, from /proc/<pid>/stat (OSError if it is gone)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def alive(pid: int) -> bool:
     """True if `pid` runs (a zombie counts as dead: it has exited and only waits to be reaped)."""
     try:
@@ -63,7 +68,7 @@ def descendants(root: int | None = None) -> set[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = parent_pid(int(entry.name))
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
@@ -116,10 +121,17 @@ for flags, cwd, out, err in cases:
         status = 0
         try:
             runpy.run_path(script, run_name="__main__")
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-        sys.stdout.flush(), sys.stderr.flush()
-        os._exit(status)
+        except SystemExit as exc:  # as the interpreter ends: None is 0, an int itself, anything else printed and 1
+            status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # never back into this loop: the fork ends here
+            import traceback
+            traceback.print_exc()
+            status = 1
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(status)
     statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 print(json.dumps(statuses))
 """

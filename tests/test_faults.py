@@ -12,7 +12,17 @@ import time
 import pytest
 import torch
 
-from tests.helpers import LONG, REPO, alive, descendants, only_run_dir, read_scalars, run_command, run_script
+from tests.helpers import (
+    LONG,
+    REPO,
+    alive,
+    descendants,
+    only_run_dir,
+    parent_pid,
+    read_scalars,
+    run_command,
+    run_script,
+)
 from tests.test_ppo_atari_multigpu import SCRIPT as ATARI_SCRIPT
 from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
 from tests.test_ppo_vec import SCRIPT, TINY
@@ -170,7 +180,7 @@ def rank_pid(launcher: int, rank: int) -> int:
     for pid in descendants(launcher):
         try:
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            parent = parent_pid(pid)
         except OSError:
             continue
         if f"RANK={rank}".encode() in environ and parent == launcher:

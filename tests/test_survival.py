@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from common.results import read_scalars
-from tests.helpers import LONG, alive, descendants, only_run_dir, run_script
+from tests.helpers import LONG, alive, descendants, only_run_dir, parent_pid, run_script
 from tests.test_faults import FAULT_ENV, fault_env, rank_pid, start_torchrun, start_training, stop
 from tests.test_ppo_atari_multigpu import SCRIPT as ATARI
 from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
@@ -136,8 +136,7 @@ def forkserver_children(rank: int, timeout: float = 30.0) -> list[int]:
     while time.monotonic() < deadline:
         for pid in descendants(rank):
             try:
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                if parent == rank and b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if parent_pid(pid) == rank and b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
                     if children:
                         return sorted(int(child) for child in children)

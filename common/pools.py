@@ -213,8 +213,16 @@ class WorkerPool:
             pass  # a dead worker: its sentinel is readable, and collect reports it
         self.pending[w] = command
 
-    def _wait_for_events(self, deadline: float) -> list[tuple[int, int]]:
-        """poll() until something is ready or the deadline passes (in pieces: poll takes an int of milliseconds)."""
+    def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
+        """poll() until something is ready or the deadline passes (in pieces: poll takes an int of milliseconds),
+        first polling without sleeping for up to `spin` seconds."""
+        if spin:
+            end = min(deadline, time.monotonic() + spin)
+            while time.monotonic() < end:
+                events = self.poller.poll(0)
+                if events:
+                    return events
+                os.sched_yield()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -229,8 +237,11 @@ class WorkerPool:
         past the bound stays pending, so a retried wait takes its reply; one that failed does not."""
         deadline = time.monotonic() + timeout
         failures: dict[int, Exception] = {}
+        waiting_for = len(self.pending)
         while self.pending:
-            events = self._wait_for_events(deadline)
+            # Once a worker has answered (a core is free), the last replies are awaited without sleeping, up to the
+            # workers' own window: read as they come, not after this process is woken on a cold core.
+            events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
             if not events:
                 stuck = sorted(self.pending)
                 label = self.pending[stuck[0]].label

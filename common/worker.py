@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -235,6 +236,17 @@ class EnvGroup:
         close_envs(self.envs)
 
 
+SHORT_SPIN = 300e-6  # seconds: the window after a command that came later than the longest one
+
+
+def spin_window(longest: float, gap: float) -> float:
+    """How long a worker polls for its next command, given how long the last one took to come after its reply: the
+    whole window while commands come within it (a trainer stepping in a loop: the worker stays on its CPU, hot, and
+    spends no more than the gap), a short one after a command that came later (a trainer busy elsewhere, an update
+    phase: a poll that would only burn CPU)."""
+    return longest if gap <= longest else min(longest, SHORT_SPIN)
+
+
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
     """Ends this worker and the helper processes its envs started (it leads their process group). If the trainer is
     gone (its end of the lifeline closed, seen within `wait` seconds), first removes the folder its forkserver kept in
@@ -302,13 +314,16 @@ def worker_main(
         group = EnvGroup(envs, views, obs_in_shm)
         conn.send(Reply.OK)
 
+        window, answered = spin, time.perf_counter()
         while True:
-            conn.spin(spin)
+            conn.spin(window)
             command, arg = decode(conn.recv())
+            window = spin_window(spin, time.perf_counter() - answered)
             if command is Command.CLOSE:
                 break
             reply = group.run(command, arg)
             conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
+            answered = time.perf_counter()
     except EOFError:  # the trainer is gone, or dropped us, without a word: end with our helpers, not after them
         close_envs(envs)
         _end(lifeline, tmpdir, wait=0.1)

@@ -118,20 +118,21 @@ class AtariPipeline(gym.Wrapper):
         obs, reward, terminated, truncated, info = self._life_step(action)
         self.frames[:-1] = self.frames[1:]
         self.frames[-1] = obs
-        return self.frames.copy(), np.clip(reward, -1.0, 1.0), terminated, truncated, info
+        return self.frames.copy(), np.float64(min(max(reward, -1.0), 1.0)), terminated, truncated, info  # ClipReward
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        obs, info = self._life_reset(seed, options)
+        # The steps of a reset whose observation the next one replaces are not resized (a lost life costs 3 steps)
+        obs, info = self._life_reset(seed, options, resize=not self.fire)
         for action in (1, 2) if self.fire else ():  # FireResetEnv
-            obs, _, terminated, truncated, _ = self._life_step(action)
+            obs, _, terminated, truncated, _ = self._life_step(action, resize=action == 2)
             if terminated or truncated:
-                obs, info = self._life_reset(None, options)
+                obs, info = self._life_reset(None, options, resize=action == 2)
         self.frames[:] = obs
         return self.frames.copy(), info
 
-    def _life_step(self, action: int) -> tuple:
+    def _life_step(self, action: int, resize: bool = True) -> tuple:
         """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
-        obs, reward, terminated, truncated, info = self._skip(action)
+        obs, reward, terminated, truncated, info = self._skip(action, resize)
         self.game_over = terminated or truncated
         lives = self.ale.lives()
         if 0 < lives < self.lives:
@@ -139,19 +140,20 @@ class AtariPipeline(gym.Wrapper):
         self.lives = lives
         return obs, reward, terminated, truncated, info
 
-    def _life_reset(self, seed: int | None, options: dict | None) -> tuple:
+    def _life_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
         """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op step."""
         if self.game_over or seed is not None:
-            obs, info = self._game_reset(seed, options)
+            obs, info = self._game_reset(seed, options, resize)
         else:
-            obs, _, terminated, truncated, info = self._skip(0)
+            obs, _, terminated, truncated, info = self._skip(0, resize)
             if terminated or truncated:
-                obs, info = self._game_reset(None, options)
+                obs, info = self._game_reset(None, options, resize)
         self.game_over, self.lives = False, self.ale.lives()
         return obs, info
 
-    def _skip(self, action: int) -> tuple:
-        """AtariPreprocessing.step: the action repeated frame_skip times, the last two frames max-pooled."""
+    def _skip(self, action: int, resize: bool = True) -> tuple:
+        """AtariPreprocessing.step: the action repeated frame_skip times, the last two frames max-pooled (and, unless
+        told not to, resized: the max stays in the buffer, as the next step's may read it)."""
         total, terminated, truncated, ale_action = 0.0, False, False, self.action_set[action]
         for t in range(self.frame_skip):
             reward, terminated, truncated = self._frame(ale_action)
@@ -160,9 +162,9 @@ class AtariPipeline(gym.Wrapper):
                 break
             if t >= self.frame_skip - 2:
                 self.ale.getScreenGrayscale(self.screens[self.frame_skip - 1 - t])
-        return self._observe(), total, terminated, truncated, self._info(terminated or truncated)
+        return self._observe(resize), total, terminated, truncated, self._info(terminated or truncated)
 
-    def _game_reset(self, seed: int | None, options: dict | None) -> tuple:
+    def _game_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
         """AtariPreprocessing.reset: the game reset (the env's reset seeds the ALE), then 1 to noop_max no-ops."""
         _, info = self.env.reset(seed=seed, options=options)
         self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
@@ -175,14 +177,14 @@ class AtariPipeline(gym.Wrapper):
                 self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
         self.ale.getScreenGrayscale(self.screens[0])
         self.screens[1].fill(0)
-        return self._observe(), info
+        return self._observe(resize), info
 
     def _frame(self, ale_action: Any) -> tuple[float, bool, bool]:
         """One emulator frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics counts."""
         reward = self.ale.act(ale_action, 1.0)
         self.game_return += reward
         self.game_frames += 1
-        return reward, self.ale.game_over(with_truncation=False), self.ale.game_truncated()
+        return reward, self.ale.game_over(False), self.ale.game_truncated()  # game_over(with_truncation=False)
 
     def _info(self, ended: bool) -> dict[str, Any]:
         """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game ended."""
@@ -194,9 +196,9 @@ class AtariPipeline(gym.Wrapper):
             info["episode"] = {"r": self.game_return, "l": self.game_frames, "t": elapsed}
         return info
 
-    def _observe(self) -> np.ndarray:
+    def _observe(self, resize: bool = True) -> np.ndarray | None:
         np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
-        return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA)
+        return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA) if resize else None
 
 
 def deepmind(env: gym.Env, noop_max: int = 30) -> gym.Env:

@@ -1,0 +1,124 @@
+"""Where a SubprocVecEnv step's time goes, for Breakout in one worker per core: each worker's busy time (its envs'
+steps and resets), the wait for the slowest worker, and the rest (commands and replies, merging, copies).
+
+    python benchmarks/where_time_goes.py                       # N=8 and 16, worker_spin 300 us (the old default)
+                                                               # and the default (20 ms), alternating
+    python benchmarks/where_time_goes.py --num-envs 16 --spin 0 0.02 --steps 3000
+
+Each worker records when each step's command started and ended in its process (the same clock as the trainer's);
+the trainer records its step() calls. Per step: period = time between step() calls; busy = a worker's own work;
+slowest = the largest busy of the step; wait for the slowest = slowest - mean busy (the cost of a fixed split of the
+envs when one worker draws a reset); the rest = period - slowest. Repetitions alternate between the settings, so
+drift hits them alike; medians of the repetitions' means. Writes benchmarks/results/where_time_goes.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.report import CORES, MACHINE, save  # noqa: E402
+from common import worker  # noqa: E402
+from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
+from ppo_atari_multigpu import make_env  # noqa: E402
+
+TRACE_DIR = tempfile.mkdtemp(prefix="where_time_goes_")
+_step = worker.EnvGroup.step
+_log: list[tuple[float, float]] = []
+
+
+def _traced_step(self, actions_arg):
+    """EnvGroup.step, timed; the worker writes its times to a file of its own at each `--steps` mark."""
+    start = time.monotonic()
+    reply = _step(self, actions_arg)
+    _log.append((start, time.monotonic()))
+    if len(_log) % 500 == 0:
+        np.save(os.path.join(TRACE_DIR, f"{os.getpid()}.npy"), np.array(_log))
+    return reply
+
+
+def measure(n: int, spin: float, steps: int) -> dict[str, float]:
+    """One repetition: `steps` steps of n Breakouts in a worker per core (fork start, so the workers trace)."""
+    for name in os.listdir(TRACE_DIR):
+        os.remove(os.path.join(TRACE_DIR, name))
+    envs = SubprocVecEnv([make_env("BreakoutNoFrameskip-v4", i, False, None) for i in range(n)],
+                         num_workers=CORES, worker_spin=spin, context="fork")  # fmt: skip
+    try:
+        envs.reset(seed=0)
+        actions = np.random.default_rng(0).integers(4, size=(64, n))
+        calls = []
+        for t in range(steps):
+            start = time.monotonic()
+            envs.step(actions[t % 64])
+            calls.append((start, time.monotonic()))
+        pids = envs.worker_pids
+    finally:
+        envs.close()
+    skip = 100  # the first steps: caches and branch predictors warming up
+    logs = np.stack([np.load(os.path.join(TRACE_DIR, f"{pid}.npy"))[skip : steps - steps % 500] for pid in pids])
+    calls = np.array(calls)[skip : steps - steps % 500]
+    busy = logs[:, :, 1] - logs[:, :, 0]
+    slowest = busy.max(axis=0)
+    period = np.diff(calls[:, 0]).mean()
+    return {
+        "steps/s": n / period,
+        "period": period,
+        "busy": busy.mean(),
+        "wait for the slowest": (slowest - busy.mean(axis=0)).mean(),
+        "rest": period - slowest.mean(),
+        "busy per env step": busy.mean() / (n / len(pids)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-envs", nargs="+", type=int, default=[8, 16])
+    parser.add_argument("--spin", nargs="+", type=float, default=[300e-6, 0.02], help="worker_spin values (s)")
+    parser.add_argument("--steps", type=int, default=2100, help="steps per repetition")
+    parser.add_argument("--repetitions", type=int, default=3)
+    args = parser.parse_args()
+    worker.EnvGroup.step = _traced_step  # before the workers fork
+    lines = [
+        "# Where a step's time goes: Breakout, one worker per core",
+        "",
+        f"{MACHINE}. Command: `python benchmarks/where_time_goes.py` with "
+        f"`--num-envs {' '.join(map(str, args.num_envs))} --spin {' '.join(f'{s:g}' for s in args.spin)} "
+        f"--steps {args.steps} --repetitions {args.repetitions}`. Milliseconds per step (medians of the "
+        "repetitions' means); shares of the period in brackets.",
+        "",
+        "| N | worker_spin | steps/s | period | busy (mean worker) | wait for the slowest | rest | busy per env step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    data: dict[str, list] = {}
+    for n in args.num_envs:
+        samples: dict[float, list[dict[str, float]]] = {spin: [] for spin in args.spin}
+        for rep in range(args.repetitions):
+            for spin in args.spin:
+                samples[spin].append(measure(n, spin, args.steps))
+                print(f"N={n} spin={spin:g} rep {rep}: {samples[spin][-1]['steps/s']:.0f} steps/s", flush=True)
+        for spin, runs in samples.items():
+            data[f"N={n} spin={spin:g}"] = runs
+            m = {key: float(np.median([r[key] for r in runs])) for key in runs[0]}
+            share = {key: m[key] / m["period"] for key in ("busy", "wait for the slowest", "rest")}
+            lines.append(
+                f"| {n} | {spin * 1e3:g} ms | {m['steps/s']:.0f} | {m['period'] * 1e3:.2f} | "
+                f"{m['busy'] * 1e3:.2f} ({share['busy']:.0%}) | {m['wait for the slowest'] * 1e3:.2f} "
+                f"({share['wait for the slowest']:.0%}) | {m['rest'] * 1e3:.2f} ({share['rest']:.0%}) | "
+                f"{m['busy per env step'] * 1e6:.0f} us |"
+            )
+    save("where_time_goes", lines, data)
+    shutil.rmtree(TRACE_DIR, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

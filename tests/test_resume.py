@@ -20,7 +20,8 @@ pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test 
     [
         (VEC, [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"], 128),  # the layout plays no part
         (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--num-workers", "0"], 128),  # with each env's statistics
-        (ATARI, ATARI_TINY, 16),
+        # Atari's exact resume (44 s): under -m long; the README's command resumes Atari in the two-rank SIGINT test
+        pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),
     ],
     ids=["ppo_vec-discrete", "ppo_vec-box", "atari"],
 )

@@ -117,11 +117,19 @@ class Channel:
     def spin(self, seconds: float) -> None:
         """Polls for a message for up to `seconds`, yielding the CPU in between, before the caller's blocking read:
         a message that arrives within the window is read without this process going to sleep and being woken."""
-        if seconds <= 0 or self._ready:
-            return
-        end = time.perf_counter() + seconds
-        while not self._poller.poll(0) and time.perf_counter() < end:
-            os.sched_yield()
+        if seconds > 0 and not self._ready:
+            poll_without_sleeping(self._poller, seconds)
 
     def close(self) -> None:
         self.sock.close()
+
+
+def poll_without_sleeping(poller: select.poll, seconds: float) -> list[tuple[int, int]]:
+    """`poller`'s events, polled for up to `seconds` while yielding the CPU in between (never sleeping); [] if none
+    came by then."""
+    end = time.monotonic() + seconds
+    while True:
+        events = poller.poll(0)
+        if events or time.monotonic() >= end:
+            return events
+        os.sched_yield()

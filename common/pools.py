@@ -27,7 +27,7 @@ import cloudpickle
 import gymnasium as gym
 
 from common import processes
-from common.channel import Channel
+from common.channel import Channel, poll_without_sleeping
 from common.shared_arrays import anonymous_file, views
 from common.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
 
@@ -216,13 +216,8 @@ class WorkerPool:
     def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
         """poll() until something is ready or the deadline passes (in pieces: poll takes an int of milliseconds),
         first polling without sleeping for up to `spin` seconds."""
-        if spin:
-            end = min(deadline, time.monotonic() + spin)
-            while time.monotonic() < end:
-                events = self.poller.poll(0)
-                if events:
-                    return events
-                os.sched_yield()
+        if spin and (events := poll_without_sleeping(self.poller, min(spin, deadline - time.monotonic()))):
+            return events
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

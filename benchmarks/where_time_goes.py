@@ -38,7 +38,7 @@ _log: list[tuple[float, float]] = []
 
 
 def _traced_step(self, actions_arg):
-    """EnvGroup.step, timed; the worker writes its times to a file of its own at each `--steps` mark."""
+    """EnvGroup.step, timed; every 500 steps the worker writes its times so far to a file of its own."""
     start = time.monotonic()
     reply = _step(self, actions_arg)
     _log.append((start, time.monotonic()))

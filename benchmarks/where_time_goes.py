@@ -5,6 +5,10 @@ steps and resets), the wait for the slowest worker, and the rest (commands and r
                                                                # and the default (20 ms), alternating
     python benchmarks/where_time_goes.py --num-envs 16 --spin 0 0.02 --steps 3000
 
+Beside them, the same repetitions time two bounds: the envs split over one process per core as the workers split them,
+each process stepping its own with nothing else (no trainer, no commands, no waiting for the other: what the fixed
+split of envs over processes could give at best), and ale-py's AtariVectorEnv set up alike (benchmarks/peers.py).
+
 Each worker records when each step's command started and ended in its process (the same clock as the trainer's);
 the trainer records its step() calls. Per step: period = time between step() calls; busy = a worker's own work;
 slowest = the largest busy of the step; wait for the slowest = slowest - mean busy (the cost of a fixed split of the
@@ -15,18 +19,22 @@ drift hits them alike; medians of the repetitions' means. Writes benchmarks/resu
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
+import queue as queue_module
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import peers  # noqa: E402
 from benchmarks.report import CORES, MACHINE, save  # noqa: E402
 from common import worker  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
@@ -80,6 +88,60 @@ def measure(n: int, spin: float, steps: int) -> dict[str, float]:
     }
 
 
+def _alone(envs_of_process: list[int], steps: int, start: Any, queue: Any) -> None:
+    """One process stepping its slice of the envs `steps` times (autoreset as a worker's), nothing else."""
+    envs = [make_env("BreakoutNoFrameskip-v4", i, False, None)() for i in envs_of_process]
+    for i, env in zip(envs_of_process, envs, strict=True):
+        env.reset(seed=i)
+    actions = np.random.default_rng(0).integers(4, size=(64, max(envs_of_process) + 1))[:, envs_of_process]
+    start.wait()
+    began = time.monotonic()
+    for t in range(steps):
+        for env, action in zip(envs, actions[t % 64], strict=True):
+            _, _, terminated, truncated, _ = env.step(int(action))
+            if terminated or truncated:
+                env.reset()
+    queue.put(time.monotonic() - began)
+
+
+def no_coordination(n: int, steps: int) -> float:
+    """Steps/s of n Breakouts split over CORES processes that never wait for anything: the slowest one's time."""
+    ctx = mp.get_context("fork")
+    start, queue = ctx.Barrier(CORES), ctx.Queue()
+    slices = np.array_split(np.arange(n), CORES)
+    procs = [ctx.Process(target=_alone, args=(part.tolist(), steps, start, queue)) for part in slices]
+    for proc in procs:
+        proc.start()
+    times: list[float] = []
+    try:
+        while len(times) < len(procs):
+            try:
+                times.append(queue.get(timeout=1.0))
+            except queue_module.Empty:
+                if any(proc.exitcode not in (None, 0) for proc in procs):
+                    raise RuntimeError("a process stepping envs alone failed (its traceback is above)") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return n * steps / max(times)
+
+
+def ale_py(n: int, steps: int) -> float:
+    """Steps/s of ale-py's AtariVectorEnv of n Breakouts set up like ours (its thread pool on every core)."""
+    envs = peers.ale_vector(n)
+    try:
+        envs.reset(seed=0)
+        actions = np.random.default_rng(0).integers(4, size=(64, n))
+        began = time.monotonic()
+        for t in range(steps):
+            envs.step(actions[t % 64])
+        return n * steps / (time.monotonic() - began)
+    finally:
+        envs.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", nargs="+", type=int, default=[8, 16])
@@ -100,12 +162,19 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     data: dict[str, list] = {}
+    bounds = ["", "Against the bounds, in the same repetitions (steps/s: medians; ratios to ale-py: medians of pairs):",
+              "",
+              "| N | layout | steps/s | / ale-py |", "|---|---|---|---|"]  # fmt: skip
     for n in args.num_envs:
         samples: dict[float, list[dict[str, float]]] = {spin: [] for spin in args.spin}
+        alone, ale = [], []
         for rep in range(args.repetitions):
             for spin in args.spin:
                 samples[spin].append(measure(n, spin, args.steps))
                 print(f"N={n} spin={spin:g} rep {rep}: {samples[spin][-1]['steps/s']:.0f} steps/s", flush=True)
+            alone.append(no_coordination(n, args.steps))
+            ale.append(ale_py(n, args.steps))
+            print(f"N={n} rep {rep}: no coordination {alone[-1]:.0f}, ale-py {ale[-1]:.0f} steps/s", flush=True)
         for spin, runs in samples.items():
             data[f"N={n} spin={spin:g}"] = runs
             m = {key: float(np.median([r[key] for r in runs])) for key in runs[0]}
@@ -116,6 +185,13 @@ def main() -> None:
                 f"({share['wait for the slowest']:.0%}) | {m['rest'] * 1e3:.2f} ({share['rest']:.0%}) | "
                 f"{m['busy per env step'] * 1e6:.0f} us |"
             )
+        data[f"N={n} no coordination"], data[f"N={n} ale-py"] = alone, ale
+        rows = {f"ours, worker_spin {spin * 1e3:g} ms": [r["steps/s"] for r in runs] for spin, runs in samples.items()}
+        rows |= {f"no coordination ({CORES} processes alone)": alone, "ale-py AtariVectorEnv": ale}
+        for name, rates in rows.items():
+            ratio = np.median(np.array(rates) / np.array(ale))
+            bounds.append(f"| {n} | {name} | {np.median(rates):.0f} | {ratio:.2f}x |")
+    lines += bounds
     save("where_time_goes", lines, data)
     shutil.rmtree(TRACE_DIR, ignore_errors=True)
 

@@ -50,15 +50,16 @@ def read_scalars(run_dir: Path | str, wall_time: bool = False) -> dict[str, list
 def plot_curve(run_dir: Path, title: str) -> Path | None:
     """curve.png in run_dir: every episode's raw return against global step, and the mean of the last 20 (None if no
     episode ended)."""
+    # Nothing to draw is found before importing tensorboard and matplotlib (a second): a run stopped early ends sooner
+    points = read_scalars(run_dir).get("charts/episodic_return", []) if any(run_dir.glob("events.*")) else []
+    if not points:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    points = read_scalars(run_dir).get("charts/episodic_return", [])
-    if not points:
-        return None
     steps, returns = (np.array(values) for values in zip(*points, strict=True))
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, returns, ".", ms=2, alpha=0.3, label="episode")

@@ -5,9 +5,11 @@ steps and resets), the wait for the slowest worker, and the rest (commands and r
                                                                # and the default (20 ms), alternating
     python benchmarks/where_time_goes.py --num-envs 16 --spin 0 0.02 --steps 3000
 
-Beside them, the same repetitions time two bounds: the envs split over one process per core as the workers split them,
-each process stepping its own with nothing else (no trainer, no commands, no waiting for the other: what the fixed
-split of envs over processes could give at best), and ale-py's AtariVectorEnv set up alike (benchmarks/peers.py).
+Beside them, the same repetitions time: the envs split over one process per core as the workers split them, each
+process stepping its own with nothing else (no trainer, no commands, no waiting for the other: what the fixed split
+of envs over processes could give at best); ale-py's AtariVectorEnv set up alike (benchmarks/peers.py); and, without
+the barrier of a step over all envs, ours as two halves each stepped as soon as it answers against ale-py's
+asynchronous mode (each recv() the first n/2 envs done): the same work on both sides.
 
 Each worker records when each step's command started and ended in its process (the same clock as the trainer's);
 the trainer records its step() calls. Per step: period = time between step() calls; busy = a worker's own work;
@@ -25,6 +27,7 @@ import queue as queue_module
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -128,16 +131,49 @@ def no_coordination(n: int, steps: int) -> float:
     return n * steps / max(times)
 
 
-def ale_py(n: int, steps: int) -> float:
-    """Steps/s of ale-py's AtariVectorEnv of n Breakouts set up like ours (its thread pool on every core)."""
-    envs = peers.ale_vector(n)
+def halves(n: int, steps: int) -> float:
+    """Steps/s of n Breakouts as two SubprocVecEnvs of n/2 (one worker each), each stepped again as soon as it answers
+    (a thread each: the wait releases the GIL): no step waits for the other half, each half keeps the same-step
+    contract. What double buffering in a training loop could get from the envs."""
+    parts = [SubprocVecEnv([make_env("BreakoutNoFrameskip-v4", i, False, None) for i in part], num_workers=1)
+             for part in np.array_split(np.arange(n), 2)]  # fmt: skip
+    try:
+        for part, env in zip(np.array_split(np.arange(n), 2), parts, strict=True):
+            env.reset(seed=int(part[0]))
+
+        def drive(env: SubprocVecEnv) -> None:
+            actions = np.random.default_rng(0).integers(4, size=(64, env.num_envs))
+            for t in range(steps):
+                env.step(actions[t % 64])
+
+        threads = [threading.Thread(target=drive, args=(env,)) for env in parts]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return n * steps / (time.monotonic() - began)
+    finally:
+        for env in parts:
+            env.close()
+
+
+def ale_py(n: int, steps: int, batch: int | None = None) -> float:
+    """Steps/s of ale-py's AtariVectorEnv of n Breakouts set up like ours (its thread pool on every core); with
+    `batch`, asynchronous: each recv() returns the first `batch` envs done, which are sent their next actions."""
+    envs = peers.ale_vector(n, batch_size=batch or 0)
+    batch = batch or n
     try:
         envs.reset(seed=0)
-        actions = np.random.default_rng(0).integers(4, size=(64, n))
+        actions = np.random.default_rng(0).integers(4, size=(64, batch))
+        rounds = steps * n // batch
         began = time.monotonic()
-        for t in range(steps):
-            envs.step(actions[t % 64])
-        return n * steps / (time.monotonic() - began)
+        envs.send(actions[0])
+        for t in range(1, rounds + 1):
+            envs.recv()
+            if t < rounds:
+                envs.send(actions[t % 64])
+        return batch * rounds / (time.monotonic() - began)
     finally:
         envs.close()
 
@@ -164,17 +200,20 @@ def main() -> None:
     data: dict[str, list] = {}
     bounds = ["", "Against the bounds, in the same repetitions (steps/s: medians; ratios to ale-py: medians of pairs):",
               "",
-              "| N | layout | steps/s | / ale-py |", "|---|---|---|---|"]  # fmt: skip
+              "| N | layout | steps/s | / ale-py | / ale-py asynchronous |", "|---|---|---|---|---|"]  # fmt: skip
     for n in args.num_envs:
         samples: dict[float, list[dict[str, float]]] = {spin: [] for spin in args.spin}
-        alone, ale = [], []
+        alone, ale, split, ale_async = [], [], [], []
         for rep in range(args.repetitions):
             for spin in args.spin:
                 samples[spin].append(measure(n, spin, args.steps))
                 print(f"N={n} spin={spin:g} rep {rep}: {samples[spin][-1]['steps/s']:.0f} steps/s", flush=True)
             alone.append(no_coordination(n, args.steps))
             ale.append(ale_py(n, args.steps))
-            print(f"N={n} rep {rep}: no coordination {alone[-1]:.0f}, ale-py {ale[-1]:.0f} steps/s", flush=True)
+            split.append(halves(n, args.steps))
+            ale_async.append(ale_py(n, args.steps, batch=n // 2))
+            print(f"N={n} rep {rep}: no coordination {alone[-1]:.0f}, ale-py {ale[-1]:.0f}, halves {split[-1]:.0f}, "
+                  f"ale-py async {ale_async[-1]:.0f} steps/s", flush=True)  # fmt: skip
         for spin, runs in samples.items():
             data[f"N={n} spin={spin:g}"] = runs
             m = {key: float(np.median([r[key] for r in runs])) for key in runs[0]}
@@ -186,11 +225,14 @@ def main() -> None:
                 f"{m['busy per env step'] * 1e6:.0f} us |"
             )
         data[f"N={n} no coordination"], data[f"N={n} ale-py"] = alone, ale
+        data[f"N={n} halves"], data[f"N={n} ale-py async"] = split, ale_async
         rows = {f"ours, worker_spin {spin * 1e3:g} ms": [r["steps/s"] for r in runs] for spin, runs in samples.items()}
-        rows |= {f"no coordination ({CORES} processes alone)": alone, "ale-py AtariVectorEnv": ale}
+        rows |= {f"no coordination ({CORES} processes alone)": alone, "ale-py AtariVectorEnv": ale,
+                 "ours as two halves, each stepped when it answers": split,
+                 f"ale-py asynchronous (batch_size={n // 2})": ale_async}  # fmt: skip
         for name, rates in rows.items():
-            ratio = np.median(np.array(rates) / np.array(ale))
-            bounds.append(f"| {n} | {name} | {np.median(rates):.0f} | {ratio:.2f}x |")
+            ratios = [np.median(np.array(rates) / np.array(peer)) for peer in (ale, ale_async)]
+            bounds.append(f"| {n} | {name} | {np.median(rates):.0f} | {ratios[0]:.2f}x | {ratios[1]:.2f}x |")
     lines += bounds
     save("where_time_goes", lines, data)
     shutil.rmtree(TRACE_DIR, ignore_errors=True)

@@ -178,6 +178,51 @@ def ale_py(n: int, steps: int, batch: int | None = None) -> float:
         envs.close()
 
 
+def schedule(n: int, steps: int, seed: int) -> dict[str, float]:
+    """How much a step over all envs waits for its slowest part, from each env's step times (its reset included) in one
+    process: a fixed split of the envs over CORES processes (ours) against a pool of CORES threads that hands each env
+    to whichever thread is free (ale-py's), as periods over the ideal (all env work / CORES), with and without game
+    resets (their steps timed as a median step), and the shares of the work in steps that reset a game or a life (a
+    lost life costs ours NOOP, FIRE and UP steps that ale-py does not play)."""
+    envs = [make_env("BreakoutNoFrameskip-v4", i, False, None)() for i in range(n)]
+    for i, env in enumerate(envs):
+        env.reset(seed=seed * n + i)
+    actions = np.random.default_rng(seed).integers(4, size=(steps, n))
+    took, kind = np.zeros((steps, n)), np.zeros((steps, n), np.int8)  # kind: 1 a life reset, 2 a game reset
+    for t in range(steps):
+        for i, env in enumerate(envs):
+            start = time.perf_counter()
+            _, _, terminated, truncated, info = env.step(int(actions[t, i]))
+            if terminated or truncated:
+                kind[t, i] = 2 if "episode" in info else 1
+                env.reset()
+            took[t, i] = time.perf_counter() - start
+    took, kind = took[100:], kind[100:]  # the first steps: caches warming up
+
+    def fixed(times: np.ndarray) -> float:
+        return float(np.max([times[:, part].sum(axis=1) for part in np.array_split(np.arange(n), CORES)], axis=0).sum())
+
+    def pool(times: np.ndarray) -> float:
+        total = 0.0
+        for row in times:
+            free_at = np.zeros(CORES)
+            for took_env in row:
+                free_at[free_at.argmin()] += took_env
+            total += free_at.max()
+        return total
+
+    ideal = took.sum() / CORES
+    cheap = np.where(kind == 2, np.median(took[kind == 0]), took)
+    return {
+        "fixed split": fixed(took) / ideal,
+        "pool": pool(took) / ideal,
+        "fixed split, game resets as a step": fixed(cheap) / (cheap.sum() / CORES),
+        "game resets": took[kind == 2].sum() / took.sum(),
+        "lost lives": (took[kind == 1] - np.median(took[kind == 0])).sum() / took.sum(),
+        "games per env step": float((kind == 2).mean()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", nargs="+", type=int, default=[8, 16])
@@ -201,9 +246,16 @@ def main() -> None:
     bounds = ["", "Against the bounds, in the same repetitions (steps/s: medians; ratios to ale-py: medians of pairs):",
               "",
               "| N | layout | steps/s | / ale-py | / ale-py asynchronous |", "|---|---|---|---|---|"]  # fmt: skip
+    schedules = ["", f"What a step over all envs waits for, from each env's step times in one process (a repetition's "
+                 f"actions seeded with its number; medians): period over the ideal (env work / {CORES}) for the fixed "
+                 f"split over {CORES} processes and for a pool of {CORES} threads that hands each env to whichever is "
+                 "free (ale-py's); the shares of env work in game resets and in the NOOP, FIRE and UP steps that "
+                 "follow a lost life in ours (not in ale-py)", "",
+                 "| N | fixed split | pool | fixed split, game resets as cheap as a step | game resets' work | "
+                 "lost lives' extra work | env steps per game |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for n in args.num_envs:
         samples: dict[float, list[dict[str, float]]] = {spin: [] for spin in args.spin}
-        alone, ale, split, ale_async = [], [], [], []
+        alone, ale, split, ale_async, waits = [], [], [], [], []
         for rep in range(args.repetitions):
             for spin in args.spin:
                 samples[spin].append(measure(n, spin, args.steps))
@@ -212,6 +264,7 @@ def main() -> None:
             ale.append(ale_py(n, args.steps))
             split.append(halves(n, args.steps))
             ale_async.append(ale_py(n, args.steps, batch=n // 2))
+            waits.append(schedule(n, args.steps, seed=rep))
             print(f"N={n} rep {rep}: no coordination {alone[-1]:.0f}, ale-py {ale[-1]:.0f}, halves {split[-1]:.0f}, "
                   f"ale-py async {ale_async[-1]:.0f} steps/s", flush=True)  # fmt: skip
         for spin, runs in samples.items():
@@ -226,6 +279,12 @@ def main() -> None:
             )
         data[f"N={n} no coordination"], data[f"N={n} ale-py"] = alone, ale
         data[f"N={n} halves"], data[f"N={n} ale-py async"] = split, ale_async
+        data[f"N={n} schedule"] = waits
+        m = {key: np.median([w[key] for w in waits]) for key in waits[0]}
+        schedules.append(
+            f"| {n} | {m['fixed split']:.3f} | {m['pool']:.3f} | {m['fixed split, game resets as a step']:.3f} | "
+            f"{m['game resets']:.1%} | {m['lost lives']:.1%} | {1 / m['games per env step']:.0f} |"
+        )
         rows = {f"ours, worker_spin {spin * 1e3:g} ms": [r["steps/s"] for r in runs] for spin, runs in samples.items()}
         rows |= {f"no coordination ({CORES} processes alone)": alone, "ale-py AtariVectorEnv": ale,
                  "ours as two halves, each stepped when it answers": split,
@@ -233,7 +292,7 @@ def main() -> None:
         for name, rates in rows.items():
             ratios = [np.median(np.array(rates) / np.array(peer)) for peer in (ale, ale_async)]
             bounds.append(f"| {n} | {name} | {np.median(rates):.0f} | {ratios[0]:.2f}x | {ratios[1]:.2f}x |")
-    lines += bounds
+    lines += bounds + schedules
     save("where_time_goes", lines, data)
     shutil.rmtree(TRACE_DIR, ignore_errors=True)
 

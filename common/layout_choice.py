@@ -163,11 +163,14 @@ def probe_main(data: dict) -> None:
 
 
 def _time_steps(env: gym.Env) -> dict[str, Any]:
-    """Seconds per step (resets included) with random actions, over about 20 ms and at least one step."""
+    """Seconds per step (resets included) with random actions, over about 20 ms and at least one step. The actions
+    are drawn before the clock starts: a trainer's actions come from its policy (drawing one from a Discrete
+    space takes a fifth of a CartPole step: 2.4 us of 11 us here)."""
     env.action_space.seed(0)
+    actions = [env.action_space.sample() for _ in range(200)]
     steps, ends, final_info, start = 0, 0, {}, time.perf_counter()
     while steps < 200 and (steps < 1 or time.perf_counter() - start < 0.02):
-        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        _, _, terminated, truncated, info = env.step(actions[steps])
         if terminated or truncated:
             ends, final_info = ends + 1, info
             env.reset()

@@ -311,6 +311,23 @@ class SlowStepEnv(CounterEnv):
         return super().step(action)
 
 
+class SlowToSample(gym.spaces.Discrete):
+    """A Discrete space whose sample() takes a millisecond (a large or structured space in place of a trainer's
+    policy): what an env's step is timed with must not count it."""
+
+    def sample(self, *args, **kwargs):
+        time.sleep(1e-3)
+        return super().sample(*args, **kwargs)
+
+
+class SlowToSampleEnv(CounterEnv):
+    """A CounterEnv whose actions are slow to sample and cheap to step."""
+
+    def __init__(self):
+        super().__init__(terminate_at=10**9)
+        self.action_space = SlowToSample(3)
+
+
 class LargeObsEnv(gym.Env):
     """A `size`-byte uint8 observation (an image env's, much larger): construction and steps must cost what copying
     it costs. The observation is filled with the step count."""

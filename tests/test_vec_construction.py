@@ -15,7 +15,7 @@ import pytest
 
 from common import layout_choice
 from common.multiprocessing_env import SubprocVecEnv, WorkerError, WorkerTimeout
-from tests.envs import FaultyEnv, LargeObsEnv, RecordsWhereEnv
+from tests.envs import FaultyEnv, LargeObsEnv, RecordsWhereEnv, SlowToSampleEnv
 from tests.helpers import REPO, alive, descendants
 
 
@@ -38,6 +38,13 @@ def test_a_costly_env_is_timed_in_a_probe_and_stepped_in_workers(tmp_path):
     with SubprocVecEnv(env_fns) as envs:
         assert envs.num_workers == 2 and "one env step 5" in envs.layout and "timed in a probe process" in envs.layout
         assert os.getpid() not in built_in(tmp_path) and set(envs.worker_pids) <= set(built_in(tmp_path))
+
+
+def test_the_probe_times_the_step_not_the_drawing_of_actions():
+    """A trainer's actions come from its policy: an env whose space takes 1 ms to sample and no time to step is timed
+    at its step (well under 1 ms), not at 1 ms a step, which would make stepping it in workers look worth it."""
+    found = layout_choice.probe(SlowToSampleEnv, 60.0, 0)
+    assert found["step"] < 0.3e-3
 
 
 @pytest.mark.parametrize(("in_process", "in_workers", "chosen"), [(100e-6, 95e-6, 0), (100e-6, 85e-6, 2)])

@@ -9,7 +9,10 @@ Beside them, the same repetitions time: the envs split over one process per core
 process stepping its own with nothing else (no trainer, no commands, no waiting for the other: what the fixed split
 of envs over processes could give at best); ale-py's AtariVectorEnv set up alike (benchmarks/peers.py); and, without
 the barrier of a step over all envs, ours as two halves each stepped as soon as it answers against ale-py's
-asynchronous mode (each recv() the first n/2 envs done): the same work on both sides.
+asynchronous mode (each recv() the first n/2 envs done): the same work on both sides. A third table models why a
+step waits, from each env's step times in one process (schedule()): a fixed split against a pool that hands each env
+to whichever thread is free. Ours is timed with forked workers (so that the patched step traces in them);
+benchmarks/vecenv_throughput.py times the default start method.
 
 Each worker records when each step's command started and ended in its process (the same clock as the trainer's);
 the trainer records its step() calls. Per step: period = time between step() calls; busy = a worker's own work;
@@ -91,6 +94,12 @@ def measure(n: int, spin: float, steps: int) -> dict[str, float]:
     }
 
 
+def worker_slices(n: int) -> list[np.ndarray]:
+    """The envs of each of CORES workers as SubprocVecEnv splits them: ceil(n / CORES) each, the last the rest."""
+    per_worker = -(-n // CORES)
+    return [np.arange(lo, min(lo + per_worker, n)) for lo in range(0, n, per_worker)]
+
+
 def _alone(envs_of_process: list[int], steps: int, start: Any, queue: Any) -> None:
     """One process stepping its slice of the envs `steps` times (autoreset as a worker's), nothing else."""
     envs = [make_env("BreakoutNoFrameskip-v4", i, False, None)() for i in envs_of_process]
@@ -110,9 +119,8 @@ def _alone(envs_of_process: list[int], steps: int, start: Any, queue: Any) -> No
 def no_coordination(n: int, steps: int) -> float:
     """Steps/s of n Breakouts split over CORES processes that never wait for anything: the slowest one's time."""
     ctx = mp.get_context("fork")
-    start, queue = ctx.Barrier(CORES), ctx.Queue()
-    slices = np.array_split(np.arange(n), CORES)
-    procs = [ctx.Process(target=_alone, args=(part.tolist(), steps, start, queue)) for part in slices]
+    start, queue = ctx.Barrier(len(worker_slices(n))), ctx.Queue()
+    procs = [ctx.Process(target=_alone, args=(part.tolist(), steps, start, queue)) for part in worker_slices(n)]
     for proc in procs:
         proc.start()
     times: list[float] = []
@@ -197,10 +205,12 @@ def schedule(n: int, steps: int, seed: int) -> dict[str, float]:
                 kind[t, i] = 2 if "episode" in info else 1
                 env.reset()
             took[t, i] = time.perf_counter() - start
+    for env in envs:
+        env.close()
     took, kind = took[100:], kind[100:]  # the first steps: caches warming up
 
     def fixed(times: np.ndarray) -> float:
-        return float(np.max([times[:, part].sum(axis=1) for part in np.array_split(np.arange(n), CORES)], axis=0).sum())
+        return float(np.max([times[:, part].sum(axis=1) for part in worker_slices(n)], axis=0).sum())
 
     def pool(times: np.ndarray) -> float:
         total = 0.0
@@ -230,6 +240,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2100, help="steps per repetition")
     parser.add_argument("--repetitions", type=int, default=3)
     args = parser.parse_args()
+    if args.steps < 600:
+        parser.error(
+            f"--steps must be at least 600 (the first 100 are dropped, workers write their times every 500), "
+            f"got {args.steps}"
+        )
     worker.EnvGroup.step = _traced_step  # before the workers fork
     lines = [
         "# Where a step's time goes: Breakout, one worker per core",

@@ -119,8 +119,9 @@ def _alone(envs_of_process: list[int], steps: int, start: Any, queue: Any) -> No
 def no_coordination(n: int, steps: int) -> float:
     """Steps/s of n Breakouts split over CORES processes that never wait for anything: the slowest one's time."""
     ctx = mp.get_context("fork")
-    start, queue = ctx.Barrier(len(worker_slices(n))), ctx.Queue()
-    procs = [ctx.Process(target=_alone, args=(part.tolist(), steps, start, queue)) for part in worker_slices(n)]
+    slices = worker_slices(n)
+    start, queue = ctx.Barrier(len(slices)), ctx.Queue()
+    procs = [ctx.Process(target=_alone, args=(part.tolist(), steps, start, queue)) for part in slices]
     for proc in procs:
         proc.start()
     times: list[float] = []
@@ -221,14 +222,14 @@ def schedule(n: int, steps: int, seed: int) -> dict[str, float]:
             total += free_at.max()
         return total
 
-    ideal = took.sum() / CORES
-    cheap = np.where(kind == 2, np.median(took[kind == 0]), took)
+    ideal, median_step = took.sum() / CORES, np.median(took[kind == 0])
+    cheap = np.where(kind == 2, median_step, took)
     return {
         "fixed split": fixed(took) / ideal,
         "pool": pool(took) / ideal,
         "fixed split, game resets as a step": fixed(cheap) / (cheap.sum() / CORES),
         "game resets": took[kind == 2].sum() / took.sum(),
-        "lost lives": (took[kind == 1] - np.median(took[kind == 0])).sum() / took.sum(),
+        "lost lives": (took[kind == 1] - median_step).sum() / took.sum(),
         "games per env step": float((kind == 2).mean()),
     }
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 PERIOD = 0.5  # seconds between looks at the trainer's descendants
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _started: dict[int, subprocess.Popen] = {}
 
 
@@ -28,10 +29,14 @@ def watch_this_process() -> None:
     if os.getpid() in _started or not os.path.isdir("/proc/self"):
         return
     _started.clear()  # a forked child's entry belongs to its parent
-    _started[os.getpid()] = subprocess.Popen(
-        [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
-    )  # fmt: skip
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # until the watcher ignores them
+    try:
+        _started[os.getpid()] = subprocess.Popen(
+            [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+        )  # fmt: skip
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def look_now(timeout: float = 2.0) -> None:
@@ -82,8 +87,9 @@ def _descendants(root: int, table: dict[int, tuple[int, int, int]]) -> set[int]:
 
 
 def main(trainer: int) -> None:
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     me = os.getpid()
     known: dict[int, int] = {}  # the trainer's descendants seen: pid -> start time
     while True:

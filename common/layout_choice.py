@@ -37,12 +37,15 @@ import numpy as np
 from gymnasium.spaces import Box, Discrete
 
 from common.channel import Channel
-from common.processes import plural
+from common.processes import plural, stop_signals_blocked
 from common.worker import error_report
 
 CLEARLY_WORTH = 2e-3  # seconds a step that workers save: far more than a process round trip costs
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder that holds common/
 _BOOT = (
+    "import signal\n"  # stopping is the trainer's (it started us with SIGINT and SIGTERM held back)
+    "for signum in (signal.SIGINT, signal.SIGTERM): signal.signal(signum, signal.SIG_IGN)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))\n"
     "import pickle, sys\n"
     "data = pickle.load(sys.stdin.buffer)\n"
     "sys.path[:] = data['path']\n"
@@ -59,7 +62,8 @@ class ProbeFailed(Exception):
         self.phase, self.summary = phase, summary
 
 
-def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps: bool = True) -> dict[str, Any]:
+def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps: bool = True,
+          interrupt: Any = None) -> dict[str, Any]:  # fmt: skip
     """Builds env_fn() in a probe process, resets it and (with `steps`) times its steps with random actions for
     about 20 ms (at least one step). Returns {"spaces", "make", "step", "length", "final_info"}: the env's spaces,
     seconds to build it, seconds per step (resets included), steps per episode, the info of an episode's end.
@@ -70,12 +74,16 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps:
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
             "registry": _registry()}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, pass_fds=[child.fileno()], start_new_session=True)  # fmt: skip
+    with stop_signals_blocked():
+        proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, pass_fds=[child.fileno()],
+                                start_new_session=True)  # fmt: skip
     child.close()
     conn, phase, deadline = Channel(parent), "make", time.monotonic() + bound
     poller = select.poll()
     poller.register(conn.fd, select.POLLIN)
+    if interrupt is not None:  # a stop ends the wait (SubprocVecEnv's `interrupt`)
+        poller.register(interrupt.fileno(), select.POLLIN)
     try:
         proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
         proc.stdin.close()
@@ -83,7 +91,10 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps:
             msg = conn.message()
             while msg is None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not poller.poll(remaining * 1000):
+                events = poller.poll(remaining * 1000) if remaining > 0 else []
+                if interrupt is not None and any(fd == interrupt.fileno() for fd, _ in events):
+                    interrupt.check()
+                if not events:
                     what = "the env" if index is None else f"env {index}"
                     message = f"{what} did not answer '{phase}' within {bound:g} s (in the layout probe)"
                     raise WorkerTimeout(message, [] if index is None else [index], phase)
@@ -220,14 +231,14 @@ def measure_layout(n: int, step: float, length: float, info: dict, **layout: Any
     return float(np.median(samples[len(samples) // 4 :]))  # the first steps wake processes that were just started
 
 
-def choose(env_fns: list, workers: int, spin: float, bound: float) -> tuple[int, dict[str, Any]]:
+def choose(env_fns: list, workers: int, spin: float, bound: float, interrupt: Any = None) -> tuple[int, dict[str, Any]]:
     """The number of workers to use (0: this process) and the figures the choice was made from."""
     n = len(env_fns)
     figures: dict[str, Any] = {"step": None, "in_process": None, "workers": None, "why": None}
     if workers <= 1:
         return 0, dict(figures, why="one core or one env: nothing to spread")
     try:
-        found = probe(env_fns[-1], bound, n - 1)
+        found = probe(env_fns[-1], bound, n - 1, interrupt=interrupt)
     except ProbeFailed as exc:
         return workers, dict(figures, why=f"the probe env failed ({exc}); workers report it")
     step = figures["step"] = found["step"]

@@ -117,6 +117,10 @@ class SubprocVecEnv(VectorEnv):
         max_wait: seconds any wait on a worker may last when step_timeout is None (600: long enough for a slow
             simulator to start, finite so that nothing hangs).
         close_timeout: seconds `close()` waits for workers to exit before killing them.
+        interrupt: ends waits early: an object whose `fileno()` turns readable when the caller wants every wait on
+            the workers (building, the layout probe, reset, step, ...) to end, and whose `check()` then raises the
+            caller's exception (the scripts pass their stop request, common/stops.py). A wait it ends leaves the call
+            pending; close() still ends the workers.
         worker_spin: the longest a worker keeps polling for its next command (yielding the CPU) before it
             sleeps. While the trainer's commands come within it (a rollout), the worker never sleeps: no wake-up
             per step, and its caches stay warm (Breakout: 11-15% less time per env step, where_time_goes.py);
@@ -142,6 +146,7 @@ class SubprocVecEnv(VectorEnv):
         max_wait: float = 600.0,
         close_timeout: float = 5.0,
         worker_spin: float | None = None,
+        interrupt: Any = None,
     ):
         super().__init__()
         env_fns = list(env_fns)
@@ -174,7 +179,7 @@ class SubprocVecEnv(VectorEnv):
 
         figures: dict[str, Any] = {}
         if envs_per_worker is None and num_workers is None and step_timeout is None and not max_restarts:
-            workers, figures = layout_choice.choose(env_fns, workers, spin(workers), self._bound)
+            workers, figures = layout_choice.choose(env_fns, workers, spin(workers), self._bound, interrupt)
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(slices) if workers else 0
@@ -185,7 +190,7 @@ class SubprocVecEnv(VectorEnv):
 
         try:
             if workers:
-                self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout)
+                self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt)
             else:
                 self._pool = InProcessPool(env_fns)
             self._set_spaces(*self._pool.hello(self._bound), shared_memory)
@@ -365,17 +370,17 @@ class SubprocVecEnv(VectorEnv):
     # ----------------------------------------------------------------------------------------------- close
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
         """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0 with terminate),
-        then kills them and the processes their envs started. A pending step or reset gets up to that long to
-        finish (with a warning, unless the vec env is closed by leaving a `with` block on an exception)."""
+        then kills them and the processes their envs started. Replies under way (a pending step or reset, or a
+        call an interrupt ended) get up to that long to arrive, so that no worker is left writing one (a pending step
+        or reset with a warning, unless the vec env is closed by leaving a `with` block on an exception)."""
         timeout = 0.0 if terminate else self.close_timeout if timeout is None else timeout
         if self._pool is None:
             return
-        if self._state is not AsyncState.DEFAULT:
-            if not self._closing_on_exception:
-                warnings.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to "
-                              "complete.", UserWarning, stacklevel=3)  # fmt: skip
-            self._pool.drain(timeout)
-            self._state = AsyncState.DEFAULT
+        if self._state is not AsyncState.DEFAULT and not self._closing_on_exception:
+            warnings.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.",
+                          UserWarning, stacklevel=3)  # fmt: skip
+        self._pool.drain(timeout)
+        self._state = AsyncState.DEFAULT
         self._pool.close(timeout)
 
     def __enter__(self):

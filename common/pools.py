@@ -122,10 +122,12 @@ class WorkerPool:
     """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands, waits for replies
     within a bound, replaces one that failed, and stops them all (helpers their envs started included)."""
 
-    def __init__(self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float):
-        self.slices, self.spin = slices, spin
+    def __init__(self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float,
+                 interrupt: Any = None):  # fmt: skip
+        self.slices, self.spin, self.interrupt = slices, spin, interrupt
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]  # also to rebuild a failed worker
         self.ctx, self.fork = processes.get_context(context), context == "fork"
+        processes.start_helpers(context)
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
@@ -187,7 +189,8 @@ class WorkerPool:
         args = (self.slices[w].start, self.env_fns_bytes[w], child_sock, give, inherited if self.fork else [],
                 self.spin, self.tmpdir)  # fmt: skip
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
-        proc.start()
+        with processes.stop_signals_blocked():  # until the worker (and a forkserver it starts) ignores them
+            proc.start()
         child_sock.close()
         conn = Channel(parent_sock)
         if w < len(self.procs):
@@ -226,11 +229,21 @@ class WorkerPool:
             if events:
                 return events
 
-    def collect(self, timeout: float) -> dict[int, Exception]:
+    def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
         """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`; returns the failures
         (death, error, timeout) by worker. Replies on their way are still collected after a failure. A worker silent
-        past the bound stays pending, so a retried wait takes its reply; one that failed does not."""
-        deadline = time.monotonic() + timeout
+        past the bound stays pending, so a retried wait takes its reply; one that failed does not. The interrupt, if
+        any (and `interruptible`), ends the wait by raising, the workers still pending."""
+        watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
+        if watched is not None:
+            self.poller.register(watched, select.POLLIN)
+        try:
+            return self._collect(time.monotonic() + timeout, timeout, watched)
+        finally:
+            if watched is not None:
+                self.poller.unregister(watched)
+
+    def _collect(self, deadline: float, timeout: float, watched: int | None) -> dict[int, Exception]:
         failures: dict[int, Exception] = {}
         waiting_for = len(self.pending)
         while self.pending:
@@ -246,7 +259,9 @@ class WorkerPool:
                 failures.update({w: WorkerTimeout(message, self.envs_of(w), label) for w in stuck})
                 break
             for fd, _ in events:
-                if fd in self.fd_owner:
+                if fd == watched:
+                    self.interrupt.check()
+                elif fd in self.fd_owner:
                     self._read(*self.fd_owner[fd], failures)
         return failures
 
@@ -322,7 +337,7 @@ class WorkerPool:
         """Gives the replies under way (of workers not known to be stuck) up to `timeout` seconds to arrive."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.stuck and time.monotonic() < deadline:
-            self.collect(deadline - time.monotonic())
+            self.collect(deadline - time.monotonic(), interruptible=False)
         self.stuck.update(self.pending)
 
     def close(self, timeout: float) -> None:

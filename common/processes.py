@@ -4,13 +4,17 @@ ending a worker with the helpers its envs started, and saying how a process ende
 from __future__ import annotations
 
 import ast
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 # Imported once in the forkserver when the trainer has them, so that workers fork with them loaded. Workers re-run
 # the main script on start (spawn semantics), and CPython's forkserver never preloads it (it looks for a
@@ -30,6 +34,37 @@ def get_context(context: str) -> Any:
     if context == "forkserver":
         ctx.set_forkserver_preload(["__main__", *(m for m in FORKSERVER_PRELOAD if m in sys.modules)])
     return ctx
+
+
+def start_helpers(context: str) -> None:
+    """Starts what multiprocessing needs to start workers, before the first one: its resource tracker (which ignores
+    SIGINT and SIGTERM itself) and, for forkserver, the forkserver, with both signals held back for good (it never
+    lets them through; the workers it forks ignore them): a scheduler signals every process of a job, and a forkserver
+    it killed would fail the next worker restart."""
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()  # (it unblocks both signals in the calling thread once it has started)
+    if context == "forkserver":
+        with stop_signals_blocked():
+            forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM held back in this thread for the block, and in any process it starts until that process
+    ignores them (`ignore_stop_signals`): a scheduler signals every process of a job, and stopping is the trainer's."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def ignore_stop_signals() -> None:
+    """What a process the vec env starts does first: SIGINT and SIGTERM ignored (and no longer held back)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def check_main_guard(context: str, depth: int = 2) -> None:

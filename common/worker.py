@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Tuple
 
-from common import env_state, shared_arrays
+from common import env_state, processes, shared_arrays
 from common.channel import Channel
 
 PICKLE = pickle.HIGHEST_PROTOCOL
@@ -291,9 +291,9 @@ def worker_main(
         os.setpgid(0, 0)  # a process group of its own: the helpers its envs start can be ended with it
     except OSError:
         pass
+    processes.ignore_stop_signals()  # stopping is the trainer's: it saves, then closes us
+    signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's (common/stops.py)
     threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # stopping is the trainer's: it saves, then closes us
-        signal.signal(signum, signal.SIG_IGN)  # (a scheduler signals every process of a job, in any order)
     conn = Channel(sock)
     envs: list[gym.Env] = []
     group = None

@@ -72,7 +72,7 @@ class Args:
 
     # Algorithm
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the id of the environment"""
+    """the id of the environment (module:EnvId-v0 imports the module first)"""
     total_timesteps: int = 10000000
     """total timesteps of the experiments, over all ranks"""
     learning_rate: float = 2.5e-4
@@ -223,8 +223,8 @@ def check_args(args: Args, world_size: int, local_world_size: int) -> int:
              and max(args.device_ids or [local_world_size - 1]) < gpus, f"one of {gpus} GPUs for each local rank"),
         ],
     )  # fmt: skip
-    experiment.check_env_id(args.env_id)
-    if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
+    experiment.check_env_id(args.env_id)  # imports the module of a module:EnvId id
+    if gym.spec(args.env_id.rpartition(":")[2]).entry_point != "ale_py.env:AtariEnv":
         raise FlagError(f"--env-id {args.env_id!r} is not an Atari env id (try BreakoutNoFrameskip-v4 or ALE/Pong-v5)")
     found = experiment.probe_env(args.env_id, make_env(args.env_id, 0, False, None), args.step_timeout or 600.0)
     return int(found["spaces"][1].n)
@@ -315,6 +315,8 @@ def main(args: Args) -> None:
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
             for step in range(args.num_steps):
+                if run.stop_requested():
+                    break  # the iteration is dropped: a stop saves the last whole one
                 global_step += args.local_num_envs * world_size
                 obs[step] = next_obs
                 with torch.inference_mode():
@@ -329,6 +331,8 @@ def main(args: Args) -> None:
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
                     episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
+
+            run.stop_if_asked()  # under torchrun every rank learns here whether any rank was asked to stop
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -353,6 +357,8 @@ def main(args: Args) -> None:
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
+                    if not distributed:  # ranks would fall out of step in DDP's all-reduce: they meet above
+                        run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]

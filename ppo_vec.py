@@ -323,6 +323,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
             for step in range(args.num_steps):
+                if run.stop_requested():
+                    break  # the iteration is dropped: a stop saves the last whole one
                 global_step += args.num_envs
                 obs[step] = next_obs
                 with torch.inference_mode():
@@ -338,6 +340,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
                     episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
+
+            run.stop_if_asked()  # under torchrun every rank learns here whether any rank was asked to stop
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -363,6 +367,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(batch_size)
                 for start in range(0, batch_size, minibatch_size):
+                    run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + minibatch_size])
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]

@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from common import stops
 from common.experiment import Finished, FlagError, RunError, flag, given_flags
 
 
@@ -51,10 +52,8 @@ def save_checkpoint(path: Path | str, state: dict) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException as exc:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if not isinstance(exc, OSError):
-            raise  # a stop in the middle: the stop path writes the same snapshot again
         reason = "no space left on device" if exc.errno == errno.ENOSPC else f"{type(exc).__name__}: {exc.strerror}"
         raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
 
@@ -104,6 +103,7 @@ class Checkpoints:
         self.script, self.args, self.modules = script, args, modules
         self.steps_per_iteration, self.world_size = steps_per_iteration, world_size
         self.last: dict | None = None  # the latest snapshot: what any save writes
+        self._written: dict[Path, dict] = {}  # path -> the snapshot last written there
 
     def snapshot(self, done: int, rng: list, **extras: Any) -> None:
         """Notes the state after `done` iterations (copies: training goes on changing the originals). rng: every
@@ -112,7 +112,7 @@ class Checkpoints:
                  "iteration": done, "global_step": done * self.steps_per_iteration, "rng": rng,
                  "env_states": None, **extras}  # fmt: skip
         state.update({name: copy.deepcopy(module.state_dict()) for name, module in self.modules.items()})
-        self.last = state  # one assignment: a stop during the copy leaves the previous snapshot whole
+        self.last = state
 
     def save(self, path: Path | str, env_states: list[bytes | None] | None = None, **changes: Any) -> Path | str:
         """Writes the last snapshot to path (atomically), with the envs' states (one per rank, from
@@ -120,9 +120,14 @@ class Checkpoints:
         from now on; returns path."""
         if env_states is not None and all(s is not None for s in env_states):
             self.last["env_states"] = [torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in env_states]
-        self.last.update(changes)  # taken at the snapshot's boundary too: a stop during the write saves them again
+        self.last.update(changes)  # taken at the snapshot's boundary too: a later save of it writes them again
         save_checkpoint(path, self.last)
+        self._written[Path(path)] = self.last
         return path
+
+    def written(self, path: Path | str) -> bool:
+        """True if `path` holds the last snapshot already (a stop right after a periodic save has nothing to add)."""
+        return self._written.get(Path(path)) is self.last
 
     def resume(self, path: str, same: dict[str, Any], num_iterations: int, needs: tuple[str, ...] = ()) -> dict:
         """Loads checkpoint `path` into the modules and returns it (for rng and extras). FlagError unless it holds
@@ -202,6 +207,7 @@ def evaluate(env: gym.Env, act: Callable[[Any], Any], episodes: int, seed: int, 
     returns = []
     obs, _ = env.reset(seed=seed)
     while len(returns) < episodes:
+        stops.request.check()  # the env steps in this process: a stop is honoured between its steps
         obs, _, terminated, truncated, info = env.step(act(obs))
         if terminated or truncated:
             if "episode" in info:  # absent when only a life ended (Atari): the game goes on

@@ -23,11 +23,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -39,10 +39,9 @@ import numpy as np
 import torch
 import torch.distributed
 
-from common import guardian, layout_choice, results
+from common import guardian, layout_choice, results, stops
 from common.multiprocessing_env import WorkerError, check_layout
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from common.stops import Stopped
 
 
 class FlagError(ValueError):
@@ -55,14 +54,6 @@ class RunError(RuntimeError):
 
 class Finished(Exception):
     """Nothing left to do (a resumed run that had already finished): this message, exit status 0."""
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived (`signum` says which), raised wherever the main thread was."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def flag(name: str) -> str:
@@ -122,7 +113,7 @@ def check_bool_values(args_type: type, argv: list[str]) -> None:
     """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): bool flags are
     switches here, `--flag` or `--no-flag`."""
     switches = {flag(f.name) for f in dataclasses.fields(args_type) if f.type in (bool, "bool")}
-    for given, value in zip(argv, [*argv[1:], ""], strict=True):
+    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):  # each word with the one after it
         name = given.split("=", 1)[0]
         if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
             value = given.split("=", 1)[1] if "=" in given else value
@@ -173,7 +164,7 @@ def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[st
     --env-id if it fails."""
     check_env_id(env_id)
     try:
-        return layout_choice.probe(make, bound, None, steps=False)
+        return layout_choice.probe(make, bound, None, steps=False, interrupt=stops.request)
     except layout_choice.ProbeFailed as exc:  # a missing extra (box2d, mujoco), a broken env, a wrapper refusing it
         raise FlagError(f"--env-id {env_id} cannot be built here: {exc.summary}") from None
     except TimeoutError:
@@ -236,7 +227,8 @@ def vec_env_options(args: Any, cores: int | None = None) -> dict[str, Any]:
     """SubprocVecEnv's keyword arguments from the flags both scripts share; `cores`: the worker processes to use
     when --num-workers is unset (None: let SubprocVecEnv measure and choose)."""
     num_workers = args.num_workers if args.num_workers is not None else cores
-    return {"num_workers": num_workers, "max_restarts": args.max_restarts, "step_timeout": args.step_timeout}
+    return {"num_workers": num_workers, "max_restarts": args.max_restarts, "step_timeout": args.step_timeout,
+            "interrupt": stops.request}  # fmt: skip
 
 
 class _NoWriter:
@@ -345,7 +337,8 @@ def process_group(backend: str, enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    torch.distributed.init_process_group(backend=backend)
+    with stops.request.at_once():  # the rendezvous waits for every rank, in C++: a stop then ends the rank at once
+        torch.distributed.init_process_group(backend=backend)
     try:
         yield
     finally:
@@ -396,25 +389,35 @@ def _lost_rank(exc: BaseException) -> bool:
     )
 
 
-def _wait_for_stop(seconds: float) -> Stopped | None:
-    """A stop signal arriving within `seconds`: a scheduler signals every process of a job, and an env's helper it
-    killed may make the env fail a moment before the trainer's own signal arrives."""
-    deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
-    except Stopped as exc:
-        return exc
-    return None
+def max_over_ranks(value: int) -> int:
+    """The largest of `value` over all ranks (itself without a process group)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    on_gpu = torch.distributed.get_backend() == "nccl"
+    tensor = torch.tensor([value], device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return int(tensor.item())
 
 
 class Run:
-    """What `ending` gives the loop: snapshots of its state after each iteration, and saving the last one as
-    checkpoint.pt with summary.json (rank 0 alone writes; other ranks' calls do nothing)."""
+    """What `ending` gives the loop: snapshots of its state after each iteration, saving the last one as checkpoint.pt
+    with summary.json (rank 0 alone writes; other ranks' calls do nothing), and the stop request's safe points."""
 
     def __init__(self, script: str, run_dir: Path | None, checkpoints: Any, progress: Progress):
         self.script, self.run_dir, self.checkpoints, self.progress = script, run_dir, checkpoints, progress
         self.checkpoint = None if run_dir is None else run_dir / "checkpoint.pt"
+
+    def stop_requested(self) -> bool:
+        """True once this process was asked to stop (SIGINT or SIGTERM): the rollout ends early."""
+        return stops.request.signum is not None
+
+    def stop_if_asked(self) -> None:
+        """Stopped if this process was asked to stop, or, under torchrun, any rank was (one small all-reduce: every
+        rank calls it at the same point, so every rank stops there and none waits in a collective for one that
+        left)."""
+        signum = max_over_ranks(stops.request.signum or 0)
+        if signum:
+            raise Stopped(signum)
 
     def snapshot(self, done: int, rng: list, **extras: Any) -> None:
         """The state after `done` iterations, kept for any save until the next snapshot (Checkpoints.snapshot)."""
@@ -445,10 +448,12 @@ class Run:
 
 @contextlib.contextmanager
 def ending(script: str, run_dir: Path | None, checkpoints: Any, progress: Progress) -> Iterator[Run]:
-    """The one place a run ends, however it ends. Stopped (SIGINT/SIGTERM), an env failure or a lost rank: the last
-    snapshot is saved (after waiting up to a second for a stop signal the failure may have come before). Then, on
-    rank 0 (run_dir not None): summary.json, curve.png and the closing line, which `run` prints last. Put it before
-    the writer in the `with`, so the events are flushed when the curve is drawn. Saving waits on no env worker."""
+    """The one place a run ends, however it ends. Stopped (at a safe point, after SIGINT/SIGTERM), an env failure or a
+    lost rank: the last snapshot is saved, unless checkpoint.pt holds it already (an env failure first waits up to a
+    second for a stop: a scheduler signals every process of a job, and the env's helper it killed may make the env
+    fail a moment before the trainer's own signal arrives). Then, on rank 0 (run_dir not None): summary.json,
+    curve.png and the closing line, which `run` prints last. Put it before the writer in the `with`, so the events are
+    flushed when the curve is drawn. Saving waits on no env worker."""
     run, status = Run(script, run_dir, checkpoints, progress), "failed"
     try:
         yield run
@@ -460,11 +465,11 @@ def ending(script: str, run_dir: Path | None, checkpoints: Any, progress: Progre
     except (WorkerError, TimeoutError, RuntimeError) as exc:
         if isinstance(exc, RuntimeError) and not isinstance(exc, WorkerError) and not _lost_rank(exc):
             raise  # a bug, or a RunError of the script's own (NaN weights): nothing to save
-        stop = _wait_for_stop(1.0)
-        status = f"stopped by {stop}" if stop else "failed"
+        stopped = stops.request.wait(1.0)
+        status = f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
         _save_on_the_way_out(run)
-        if stop:
-            raise stop from None
+        if stopped:
+            raise Stopped(stops.request.signum) from None
         raise
     finally:
         if run_dir is not None:
@@ -472,11 +477,11 @@ def ending(script: str, run_dir: Path | None, checkpoints: Any, progress: Progre
 
 
 def _save_on_the_way_out(run: Run) -> None:
-    if run.checkpoints.last is None or run.checkpoint is None:
+    if run.checkpoints.last is None or run.checkpoint is None or run.checkpoints.written(run.checkpoint):
         return
     try:
         run.save("saving")
-    except RunError as exc:
+    except RunError as exc:  # a full disk: said in one line, the previous checkpoint kept
         print(f"{run.script}: error: {exc}", file=sys.stderr, flush=True)
 
 
@@ -497,25 +502,6 @@ def _close_run(run: Run, status: str) -> None:
         how = "continue with: python {} --resume {}" if go_on else "evaluate with: python {} --eval-checkpoint {}"
         where += "; " + how.format(run.script, summary["checkpoint"])
     _closing.append((f"{run.script}: {status}: {figures}; {where}", status != "done"))
-
-
-def _stop(signum: int, frame: Any) -> None:
-    """The first SIGINT or SIGTERM stops the run (Stopped, raised in the main thread). While it stops, another SIGTERM
-    is ignored (schedulers and torchrun's agent send their own, often twice) and another SIGINT (a second Ctrl-C) ends
-    the process at once; whatever happens, the process ends within STOP_WITHIN seconds."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_end_after, args=(STOP_WITHIN, signum), daemon=True, name="stop-bound").start()
-    raise Stopped(signum)
-
-
-STOP_WITHIN = 120.0  # seconds a stop may take, saving included, before the process ends regardless
-
-
-def _end_after(seconds: float, signum: int) -> None:
-    time.sleep(seconds)
-    print(f"{Path(sys.argv[0]).name}: the stop took over {seconds:g} s; ending now", file=sys.stderr, flush=True)
-    os._exit(128 + signum)
 
 
 def _end_with_launcher() -> None:
@@ -548,28 +534,27 @@ def _runtime_dir_for_video() -> None:
 
 def run(main: Callable[[Any], None], args_type: type, doc: str) -> None:
     """Parses args_type from the command line (--help opens with the first two paragraphs of `doc`: description and
-    commands), runs main(args) with SIGINT and SIGTERM raising Stopped, and exits with the status the outcome calls
-    for, after the closing line. Under torchrun every rank exits so; a rank that fails prints its own reason, with its
-    rank; flag errors and stops are said by rank 0 alone."""
+    commands), runs main(args) with SIGINT and SIGTERM as stop requests (common/stops.py), and exits with the status
+    the outcome calls for, after the closing line. Under torchrun every rank exits so; every rank that fails prints
+    its own reason, with its rank; a stop is said by rank 0 alone."""
     import tyro
 
     script = Path(sys.argv[0]).name
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     me = f"{script}: rank {rank}" if world_size > 1 else script
 
-    def fail(status: int, message: str, every_rank: bool = False) -> None:
-        if rank == 0 or every_rank:
-            print(f"{me if every_rank else script}: {message}", file=sys.stderr, flush=True)
+    def fail(status: int, message: str) -> None:
+        print(f"{me}: {message}", file=sys.stderr, flush=True)
         close(status)
 
     def close(status: int) -> None:
         for line, to_stderr in _closing:
             print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
         guardian.look_now()
+        stops.request.ignore()  # the run is over: a launcher's forwarded signal must not end the exit itself
         sys.exit(status)
 
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, _stop)
+    stops.request.install()
     _end_with_launcher()
     guardian.watch_this_process()
     try:
@@ -588,11 +573,11 @@ def run(main: Callable[[Any], None], args_type: type, doc: str) -> None:
             print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
         close(128 + exc.signum)
     except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
-        fail(1, f"error: {exc}", every_rank=True)
+        fail(1, f"error: {exc}")
     except Exception as exc:  # noqa: BLE001 - a lost rank is one line; anything else is a bug, with its traceback
         if not _lost_rank(exc):
             traceback.print_exc()
             close(1)
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        fail(1, f"error: lost contact with another rank ({reason}); that rank's own message says why", every_rank=True)
+        fail(1, f"error: lost contact with another rank ({reason}); that rank's own message says why")
     close(0)

@@ -370,3 +370,17 @@ class RecordsWhereEnv(CounterEnv):
     def step(self, action):
         time.sleep(3600 if self.hang == "step" else self.step_seconds)
         return super().step(action)
+
+
+# Breakout on rank 0 and an env that cannot be built on any other rank (torchrun sets RANK): a rank-local failure
+# at start-up, which that rank alone can report.
+gym.register(
+    "BreakoutOnRank0-v0",
+    entry_point="ale_py.env:AtariEnv",
+    kwargs={
+        "game": "breakout" if os.environ.get("RANK", "0") == "0" else "no_such_game",
+        "frameskip": 1,
+        "repeat_action_probability": 0.0,
+        "max_num_frames_per_episode": 108000,
+    },  # fmt: skip
+)

@@ -57,6 +57,18 @@ def test_check_flags_passes_good_flags_and_skips_fields_a_script_lacks():
     experiment.check_flags(Flags(), [("num_envs", True, ">= 1")])  # no learning_rate field: its rule is not applied
 
 
+def test_bool_values_are_checked_in_any_command_line_the_empty_one_included():
+    @dataclasses.dataclass
+    class WithVideo:
+        capture_video: bool = False
+
+    for argv in ([], ["--capture-video"], ["--capture-video", "--seed", "1"]):
+        experiment.check_bool_values(WithVideo, argv)
+    for argv in (["--capture-video", "True"], ["--seed", "1", "--capture-video=false"]):
+        with pytest.raises(FlagError, match="--capture-video is a switch and takes no value"):
+            experiment.check_bool_values(WithVideo, argv)
+
+
 def test_check_installed_names_the_extra():
     @dataclasses.dataclass
     class WithVideo:
@@ -190,7 +202,9 @@ def main(args):
         if args.outcome == "done":
             return
         print("ready", flush=True)
-        time.sleep(60)
+        while True:
+            time.sleep(0.01)  # a step of the loop
+            run.stop_if_asked()
 
 if __name__ == "__main__":
     experiment.run(main, Args, "A test program.\n\n    python prog.py --outcome wait\n\nMore text.")

@@ -168,7 +168,8 @@ def start_torchrun(tmp_path, extra=()):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI_SCRIPT)]
     cmd += [*ATARI_TINY, "--total-timesteps", "10000000", *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
     for line in proc.stdout:
         if line.startswith("global_step="):  # rank 0 trains; so does rank 1, in lockstep
             return proc
@@ -188,15 +189,17 @@ def rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank}")
 
 
-def test_sigint_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
+def test_ctrl_c_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the launcher and both ranks at once, and the launcher forwards its own SIGINT
+    to each rank a moment later. Each rank stops once (rank 0 saves), the job ends, and it resumes."""
     proc = start_torchrun(tmp_path)
     family = descendants(proc.pid)
     start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group: launcher, ranks, their helpers
     _, stderr = proc.communicate(timeout=60)
-    assert time.monotonic() - start < 30, "the job took too long to stop"
+    assert time.monotonic() - start < 10, "the job took too long to stop"
     assert proc.returncode != 0
-    assert "stopped by SIGTERM" in stderr or "stopped by SIGINT" in stderr, stderr[-3000:]
+    assert "ppo_atari_multigpu.py: stopped by SIGINT: " in stderr, stderr[-3000:]
     deadline = time.monotonic() + 5
     while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)

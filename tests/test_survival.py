@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from common.results import read_scalars
-from tests.helpers import LONG, alive, descendants, only_run_dir, parent_pid, run_script
+from tests.helpers import LONG, REPO, alive, descendants, only_run_dir, parent_pid, run_command, run_script
 from tests.test_faults import FAULT_ENV, fault_env, rank_pid, start_torchrun, start_training, stop
 from tests.test_ppo_atari_multigpu import SCRIPT as ATARI
 from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
@@ -102,6 +102,81 @@ def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
         torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0)
     steps = [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]]
     assert steps == [128 * i for i in range(1, 7)]  # each iteration once: none repeated, none skipped
+
+
+# A stop delivered inside TensorBoard's writer queue, where an exception thrown by a signal handler loses the wake-up
+# of the writer thread (which then sleeps until its 120 s flush): the N-th event the run logs is put once the writer
+# thread waits for it, and the signal comes between counting the event and waking the thread.
+STOP_INSIDE_TENSORBOARD = """
+import os, queue, signal, sys, time
+
+_put, _count = queue.Queue.put, 0
+
+
+class _SignalFirst:
+    def __init__(self, condition):
+        self.condition = condition
+
+    def notify(self, n=1):
+        os.kill(os.getpid(), getattr(signal, os.environ["STOP_SIGNAL"]))
+        self.condition.notify(n)
+
+
+def put(self, item, block=True, timeout=None):
+    global _count
+    if isinstance(item, bytes) and "event_file_writer" in sys._getframe(1).f_code.co_filename:
+        _count += 1
+        if _count == int(os.environ["STOP_AT_EVENT"]):
+            self.join()
+            deadline = time.monotonic() + 10  # bounded: the writer thread is back in its wait within microseconds
+            while not self.not_empty._waiters and time.monotonic() < deadline:
+                time.sleep(0.001)
+            real, self.not_empty = self.not_empty, _SignalFirst(self.not_empty)
+            try:
+                return _put(self, item, block, timeout)
+            finally:
+                self.not_empty = real
+    return _put(self, item, block, timeout)
+
+
+queue.Queue.put = put
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", *LONG("SIGINT")])
+def test_a_stop_inside_a_tensorboard_write_ends_promptly_and_saves(tmp_path, sig):
+    """The stop arrives at the one point of TensorBoard's queue where an exception would hang its writer thread: the
+    run still stops within seconds, with its checkpoint, its events flushed and its closing line."""
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "sitecustomize.py").write_text(STOP_INSIDE_TENSORBOARD)
+    hooks = {"PYTHONPATH": str(tmp_path / "hooks"), "STOP_AT_EVENT": "30", "STOP_SIGNAL": sig}
+    start = time.monotonic()
+    out = run_script(VEC, [*CARTPOLE, "--total-timesteps", "100000"], tmp_path, timeout=60, extra_env=hooks)
+    assert time.monotonic() - start < 30 and out.returncode == 128 + getattr(signal, sig), out.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert out.stderr.splitlines()[-1].startswith(f"ppo_vec.py: stopped by {sig}: ")
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert saved["iteration"] >= 1 and len(read_scalars(run_dir)["losses/value_loss"]) >= saved["iteration"]
+
+
+def test_a_rank_that_fails_at_start_up_says_why_and_the_job_ends(tmp_path):
+    """An env that cannot be built on rank 1 alone: rank 1 says so with its rank, and rank 0, waiting for it in the
+    rendezvous when the launcher stops it, ends at once."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
+    cmd += [*ATARI_TINY, "--env-id", "tests.envs:BreakoutOnRank0-v0", "--total-timesteps", "1000"]
+    start = time.monotonic()
+    out = run_command(cmd, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
+    assert out.returncode != 0 and time.monotonic() - start < 25, out.stderr[-3000:]
+    line = next(line for line in out.stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: "))
+    assert line.startswith("ppo_atari_multigpu.py: rank 1: error: --env-id tests.envs:BreakoutOnRank0-v0 cannot be")
+
+
+def test_the_scripts_run_with_no_flags_at_all(tmp_path):
+    """`python ppo_vec.py` alone (every default): it trains; Ctrl-C stops it with its checkpoint."""
+    proc = start_training(VEC, [], tmp_path)
+    stderr = stop(proc, signal.SIGINT, within=15)
+    assert proc.returncode == 130 and "ppo_vec.py: stopped by SIGINT: " in stderr, stderr
+    assert (only_run_dir(tmp_path) / "checkpoint.pt").exists()
 
 
 @pytest.mark.parametrize("gap", [0.02, *LONG(0.0, 0.5)])

@@ -1,0 +1,171 @@
+"""Stops are requests: a signal handler records them, the run honours them at safe points, every wait of the trainer
+wakes on them, and the processes the vec env starts leave stopping to the trainer."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from common.multiprocessing_env import SubprocVecEnv
+from common.stops import Stopped, StopRequest
+from tests.envs import CounterEnv, FaultyEnv
+from tests.helpers import REPO, alive, descendants
+
+
+def ask_later(request: StopRequest, seconds: float) -> None:
+    threading.Timer(seconds, request.ask).start()
+
+
+def timed(fn) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
+
+
+class BigReplyEnv(CounterEnv):
+    def big(self) -> bytes:
+        time.sleep(0.5)
+        return bytes(50 << 20)  # more than a socket buffer holds: the worker writes until it is read
+
+
+def test_a_stop_ends_a_wait_on_the_workers_and_close_leaves_nothing():
+    """A step that hangs in a worker: the stop ends the wait within a fraction of a second (as Stopped, the
+    interrupt's own exception), and close() ends the worker."""
+    request = StopRequest()
+    envs = SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "hang", 1)], num_workers=2, interrupt=request)
+    envs.reset(seed=0)
+    pids = envs.worker_pids
+    ask_later(request, 0.3)
+    with pytest.raises(Stopped, match="SIGTERM"):
+        envs.step(np.zeros(2, np.int64))
+    assert request.signum == signal.SIGTERM
+    envs.close(timeout=1.0)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_call_a_stop_ended_is_drained_on_close():
+    """The stop ends a wait for a large reply (a periodic save's env states): close() reads it, so that the worker is
+    not left writing it, and needs no kill."""
+    request = StopRequest()
+    envs = SubprocVecEnv([BigReplyEnv] * 2, num_workers=2, interrupt=request)
+    ask_later(request, 0.1)
+    with pytest.raises(Stopped):
+        envs.call("big")
+    assert timed(envs.close) < 3  # without the drain: close_timeout (5 s), then a kill
+
+
+def test_a_stop_ends_the_wait_for_the_workers_to_build():
+    request = StopRequest()
+    ask_later(request, 0.3)
+    env_fns = [functools.partial(FaultyEnv, "hang", 0)] * 2  # hangs in reset: built at once, never answers reset
+    with pytest.raises(Stopped):
+        with SubprocVecEnv(env_fns, num_workers=2, interrupt=request) as envs:
+            envs.reset(seed=0)
+
+
+def test_the_forkserver_and_the_workers_leave_stopping_to_the_trainer():
+    """A scheduler signals every process of a job: SIGINT and SIGTERM to every process the vec env started leave them
+    all running, and a worker that dies afterwards is still restarted (through the forkserver)."""
+    envs = SubprocVecEnv([functools.partial(FaultyEnv, "sigkill", 3), FaultyEnv], num_workers=2, max_restarts=1,
+                         context="forkserver")  # fmt: skip
+    envs.reset(seed=0)
+    helpers = descendants()
+    assert len(helpers - set(envs.worker_pids)) >= 2  # the forkserver and multiprocessing's resource tracker
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        for pid in helpers:
+            os.kill(pid, sig)
+    time.sleep(0.3)
+    assert [pid for pid in helpers if not alive(pid)] == []
+    envs.step(np.zeros(2, np.int64))
+    envs.step(np.zeros(2, np.int64))
+    with pytest.warns(RuntimeWarning, match="restarting worker"):
+        *_, truncations, _ = envs.step(np.zeros(2, np.int64))  # step 3: worker 0 kills itself, and is rebuilt
+    assert truncations.tolist() == [True, False]
+    envs.close()
+
+
+# A program that stops as a script does: its loop checks the request at safe points, except where it sits in "env code"
+# that never returns (the stop then waits for it: only a second Ctrl-C, or the bound, ends it).
+PROGRAM = r"""
+import dataclasses, pathlib, sys, time, torch
+from common import checkpointing, experiment
+
+@dataclasses.dataclass
+class Args:
+    stuck: bool = False
+
+def main(args):
+    run_dir = pathlib.Path("run")
+    run_dir.mkdir()
+    checkpoints = checkpointing.Checkpoints("prog.py", args, {"model": torch.nn.Linear(1, 1)}, 10)
+    with experiment.ending("prog.py", run_dir, checkpoints, experiment.Progress(100, 30)) as run:
+        run.snapshot(3, [None])
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)  # a step
+            if not args.stuck:
+                run.stop_if_asked()
+
+if __name__ == "__main__":
+    experiment.run(main, Args, "A test program.")
+"""
+
+
+def start_program(tmp_path, *argv) -> subprocess.Popen:
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "prog.py", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_ctrl_c_forwarded_by_a_launcher_is_the_same_stop(tmp_path):
+    """torchrun forwards the terminal's Ctrl-C to ranks that got it already: two SIGINTs in quick succession are one
+    stop, which saves."""
+    proc = start_program(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "stopped by SIGINT" in stderr and (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_second_ctrl_c_ends_a_stop_that_waits_at_once(tmp_path):
+    """A stop waits for the loop's next safe point; env code that never returns holds it there, and a second Ctrl-C
+    (a second after the first) ends the process at once."""
+    proc = start_program(tmp_path, "--stuck")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.5)
+    assert proc.poll() is None  # still in "env code": the stop waits
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 2
+    assert proc.returncode == 130 and stderr.endswith("prog.py: a second Ctrl-C: ending now\n")
+
+
+def test_no_signal_handler_of_the_project_raises():
+    """The handlers record requests; raising is for the safe points (Stopped in StopRequest.check)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from common import stops
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(stops.StopRequest._record)))
+    assert not [node for node in ast.walk(tree) if isinstance(node, ast.Raise)]
+    handlers = [node for path in (REPO / "common").glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "signal"
+                and len(node.args) == 2]  # fmt: skip
+    names = {ast.unparse(node.args[1]) for node in handlers}
+    assert names <= {"self._record", "signal.SIG_IGN"}, names

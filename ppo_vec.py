@@ -306,7 +306,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         experiment.ending("ppo_vec.py", run_dir, checkpoints, progress) as run,
         experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
     ):
-        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.layout}, agent on {device}", run_dir)
+        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.placement}, agent on {device}", run_dir)
         # the envs as the checkpoint left them, or fresh episodes with seeds no earlier start of this run used
         next_obs, fresh = checkpointing.start_envs(envs, checkpoint, 0, args.seed + global_step // args.num_steps)
         next_obs = normalize_obs(next_obs, update=fresh)  # a run continued exactly has counted these already

@@ -49,6 +49,10 @@ class Channel:
         """The next whole message if it has arrived already, else None."""
         return self._ready.popleft() if self._ready else None
 
+    def ready(self) -> bool:
+        """True if a whole message has arrived (`message` would return it)."""
+        return bool(self._ready)
+
     def pump(self) -> bool:
         """Reads whatever has arrived, without waiting; False once the other end is closed."""
         while True:

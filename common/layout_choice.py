@@ -1,24 +1,26 @@
-"""How SubprocVecEnv chooses where its envs step, without running env code in the calling process.
+"""Where SubprocVecEnv's envs step by default (num_workers=None): decided the same way on a busy minute and a quiet
+one, without running env code in the calling process.
 
-A process round trip costs more than a cheap env step: on 2 cores, 8 CartPoles step faster in the calling process
-than in workers. With num_workers=None (and no step_timeout or max_restarts, which need workers):
+The rule: the envs step in the calling process only where they can neither hang it nor kill it, and are faster
+there; every other env gets workers, where every wait is bounded and a crash is named (or restarted).
 
-1. `probe` builds one env (the last: env 0 often records video) in a probe process of its own and times its steps
-   there: the real per-step time, bounded like any wait on a worker (a hang is a WorkerTimeout naming the env), in a
-   process group that is ended afterwards with any helper the env started. The env is never built or stepped in the
-   calling process, and the probe does not import the main script (nor torch): it starts in a fraction of a second.
-2. If the time workers would save is large next to any round trip (2 ms a step), workers: one per core.
-3. Otherwise, a step of num_envs stand-in envs that take as long (our code only) is timed in this process and in one
-   forked worker per core; workers only if they are at least 10% faster (a step in the calling process is easier to
-   debug and has no worker to lose).
+1. `probe` builds one env (the last: env 0 often records video) in a probe process of its own and says where its
+   classes come from. Only gymnasium's own pure-Python envs (classic control, toy text) under gymnasium's wrappers
+   are TRUSTED: no other code, and no C code that could crash.
+2. A trusted env's steps are timed there in CPU time, which the machine's load changes far less than wall time. If
+   what workers would save on a step of all n envs, step * (n - ceil(n / w)) with w = min(cores, n), is under
+   ROUND_TRIP (what a step of w workers costs beyond their envs' own work, measured by
+   benchmarks/layout_thresholds.py), the envs step here; else in w workers. The timing never waits for a slow step:
+   past STEP_DECIDE seconds, workers.
+3. Any other env, and an env the probe cannot build or step (an error, a crash, a registration only the main script
+   makes): workers, one per core, which report the real failure, if there is one, as a WorkerError naming the env.
 
-If the probe cannot build or step the env (an error, a crash, or a registration only the main script makes),
-workers are chosen: they report the real failure, if there is one, as a WorkerError naming the env.
+The probe is bounded like a wait on a worker from the moment it starts building (a hang is a WorkerTimeout naming the
+env), does not import the main script (nor torch), and ends with any process its env started.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import pickle
@@ -34,13 +36,18 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces import Box, Discrete
 
 from common.channel import Channel
+from common.env_state import chain
+from common.pools import WorkerTimeout
 from common.processes import plural, stop_signals_blocked
 from common.worker import error_report
 
-CLEARLY_WORTH = 2e-3  # seconds a step that workers save: far more than a process round trip costs
+TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
+ROUND_TRIP = 240e-6  # seconds a step of workers costs beyond their envs' work (benchmarks/layout_thresholds.py)
+STEPPING = 0.02  # CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
+STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers (a step that slow would anyway)
+PROBE_START = 60.0  # seconds the probe process may take to start (Python, gymnasium, numpy) on a loaded machine
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder that holds common/
 _BOOT = (
     "import signal\n"  # stopping is the trainer's (it started us with SIGINT and SIGTERM held back)
@@ -55,62 +62,79 @@ _BOOT = (
 
 
 class ProbeFailed(Exception):
-    """The probe could not build or step the env: `phase` (make, reset, step) and `summary` say how."""
+    """The probe could not build or step the env: `phase` (start, make, reset, step) and `summary` say how."""
 
     def __init__(self, phase: str, summary: str):
         super().__init__(f"{summary} during '{phase}'")
         self.phase, self.summary = phase, summary
 
 
+def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
+    """True for one of gymnasium's own pure-Python envs under gymnasium's wrappers (see TRUSTED)."""
+    return all(type(e).__module__.startswith(modules) for e in chain(env))
+
+
 def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps: bool = True,
           interrupt: Any = None) -> dict[str, Any]:  # fmt: skip
-    """Builds env_fn() in a probe process, resets it and (with `steps`) times its steps with random actions for
-    about 20 ms (at least one step). Returns {"spaces", "make", "step", "length", "final_info"}: the env's spaces,
-    seconds to build it, seconds per step (resets included), steps per episode, the info of an episode's end.
-    ProbeFailed if env code raised or the probe died; WorkerTimeout (naming env `index` and the phase) past `bound`
-    seconds."""
-    from common.pools import WorkerTimeout
-
+    """Builds env_fn() in a probe process and, with `steps` and a trusted env, times its steps (CPU seconds, random
+    actions). Returns {"spaces", "raw_spaces" (the unwrapped env's), "origin" (the class of the env and of each
+    wrapper, outermost first), "trusted", "step" (None if not timed; inf past STEP_DECIDE)}. ProbeFailed if env code
+    raised or the probe died; WorkerTimeout (naming env `index`) if building took more than `bound` seconds; the
+    interrupt's exception (SubprocVecEnv's `interrupt`) if it fires."""
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
-            "registry": _registry()}  # fmt: skip
+            "registry": _registry(), "trusted": TRUSTED}  # fmt: skip
     with stop_signals_blocked():
         proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, pass_fds=[child.fileno()],
                                 start_new_session=True)  # fmt: skip
     child.close()
-    conn, phase, deadline = Channel(parent), "make", time.monotonic() + bound
-    poller = select.poll()
-    poller.register(conn.fd, select.POLLIN)
-    if interrupt is not None:  # a stop ends the wait (SubprocVecEnv's `interrupt`)
-        poller.register(interrupt.fileno(), select.POLLIN)
+    conn, found = Channel(parent), {}
+    phase, deadline = "start", time.monotonic() + PROBE_START
     try:
         proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
         proc.stdin.close()
         while True:
-            msg = conn.message()
-            while msg is None:
-                remaining = deadline - time.monotonic()
-                events = poller.poll(remaining * 1000) if remaining > 0 else []
-                if interrupt is not None and any(fd == interrupt.fileno() for fd, _ in events):
-                    interrupt.check()
-                if not events:
-                    what = "the env" if index is None else f"env {index}"
-                    message = f"{what} did not answer '{phase}' within {bound:g} s (in the layout probe)"
-                    raise WorkerTimeout(message, [] if index is None else [index], phase)
-                open_ = conn.pump()
-                msg = conn.message()
-                if msg is None and not open_:
-                    raise ProbeFailed(phase, f"the probe process ended ({_ended(proc)})")
+            msg = _next_message(conn, proc, deadline, interrupt, phase)
+            if msg is None and phase == "step":
+                return dict(found, step=math.inf)  # slower than STEP_DECIDE: not waited for
+            if msg is None and phase == "start":
+                raise ProbeFailed(phase, f"the probe process did not start within {PROBE_START:g} s")
+            if msg is None:
+                what = "the env" if index is None else f"env {index}"
+                message = f"{what} did not answer '{phase}' within {bound:g} s (in the layout probe)"
+                raise WorkerTimeout(message, [] if index is None else [index], phase)
             kind, value = pickle.loads(msg)
-            if kind == "phase":
-                phase = value
-            elif kind == "error":
-                raise ProbeFailed(phase, value[2])
+            if kind == "error":
+                raise ProbeFailed(value[1], value[2])
+            if kind == "ready":  # the probe has started: from now on the env's own work is timed
+                phase, deadline = "make", time.monotonic() + bound
+            elif kind == "made" and steps and value["trusted"]:
+                found, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
             else:
-                return value
+                return dict(found, **value) if kind == "stepped" else dict(value, step=None)
     finally:
         _end(proc, conn)
+
+
+def _next_message(conn: Channel, proc: subprocess.Popen, deadline: float, interrupt: Any, phase: str) -> Any:
+    """The probe's next message, None at the deadline; ProbeFailed if the probe ended without one."""
+    poller = select.poll()
+    poller.register(conn.fd, select.POLLIN)
+    if interrupt is not None:  # a stop ends the wait
+        poller.register(interrupt.fileno(), select.POLLIN)
+    while True:
+        msg = conn.message()
+        if msg is not None:
+            return msg
+        remaining = deadline - time.monotonic()
+        events = poller.poll(remaining * 1000) if remaining > 0 else []
+        if not events:
+            return None
+        if interrupt is not None and any(fd == interrupt.fileno() for fd, _ in events):
+            interrupt.check()
+        if not conn.pump() and not conn.ready():
+            raise ProbeFailed(phase, f"the probe process ended ({_ended(proc)})")
 
 
 def _registry() -> bytes | None:
@@ -144,129 +168,81 @@ def _end(proc: subprocess.Popen, conn: Channel) -> None:
 
 
 def probe_main(data: dict) -> None:
-    """The probe process: builds the env, resets it, times its steps, sends what it found, then ends."""
+    """The probe process: builds the env, says what it is, times its steps if it may, then ends."""
     conn = Channel(socket.socket(fileno=data["fd"]))
-    phase, env = "make", None
+    phase = "make"
     try:
+        conn.send(pickle.dumps(("ready", None)))
         if data["registry"] is not None:
             gym.registry.update(pickle.loads(data["registry"]))
-        env_fn = cloudpickle.loads(data["env_fn"])
-        start = time.perf_counter()
-        env = env_fn()
-        result = {"spaces": (env.observation_space, env.action_space), "make": time.perf_counter() - start,
-                  "raw_spaces": (env.unwrapped.observation_space, env.unwrapped.action_space)}  # fmt: skip
-        result.update(step=None, length=math.inf, final_info={})
-        if data["steps"]:
-            conn.send(pickle.dumps(("phase", "reset")))
+        env = cloudpickle.loads(data["env_fn"])()
+        found = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"]),
+                 "raw_spaces": (env.unwrapped.observation_space, env.unwrapped.action_space),
+                 "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]}  # fmt: skip
+        conn.send(pickle.dumps(("made", found), pickle.HIGHEST_PROTOCOL))
+        if data["steps"] and found["trusted"]:
             phase = "reset"
             env.reset(seed=0)
-            conn.send(pickle.dumps(("phase", "step")))
             phase = "step"
-            result.update(_time_steps(env))
-        try:
-            payload = pickle.dumps(("result", result), pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - an info that does not pickle: the stand-ins end episodes without it
-            payload = pickle.dumps(("result", dict(result, final_info={})), pickle.HIGHEST_PROTOCOL)
-        conn.send(payload)
+            conn.send(pickle.dumps(("stepped", {"step": cpu_per_step(env)})))
     except Exception as exc:  # noqa: BLE001 - env code: reported in one line, the caller decides what it means
         conn.send(pickle.dumps(("error", error_report(0, phase, exc))))
     os._exit(0)  # no env.close(): whatever the env started ends with this process group
 
 
-def _time_steps(env: gym.Env) -> dict[str, Any]:
-    """Seconds per step (resets included) with random actions, over about 20 ms of stepping and at least one step.
-    Only the steps are timed, not the drawing of actions: a trainer's actions come from its policy (drawing one from
-    a Discrete space takes a fifth of a CartPole step: 2.4 us of 11 us here)."""
+def cpu_per_step(env: gym.Env) -> float:
+    """CPU seconds of a typical step (the median, resets included where they fall) with random actions, over about
+    STEPPING seconds of steps after the first few: the median, because a step the machine's load interrupts (a switch
+    to another process, cold caches after it) costs more CPU time than the env asks for. Only the steps are timed, not
+    the drawing of actions: a trainer's actions come from its policy."""
     env.action_space.seed(0)
-    steps, ends, final_info, stepping = 0, 0, {}, 0.0
-    while steps < 200 and (steps < 1 or stepping < 0.02):
+    times: list[float] = []
+    while len(times) < 205 and (len(times) < 6 or sum(times[5:]) < STEPPING):
         action = env.action_space.sample()
-        start = time.perf_counter()
-        _, _, terminated, truncated, info = env.step(action)
+        start = time.thread_time()
+        _, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
-            ends, final_info = ends + 1, info
             env.reset()
-        stepping += time.perf_counter() - start
-        steps += 1
-    return {"step": stepping / steps, "length": steps / ends if ends else math.inf, "final_info": final_info}
+        times.append(time.thread_time() - start)
+    return float(np.median(times[5:]))
 
 
-class StandInEnv(gym.Env):
-    """An env that keeps the CPU busy for `seconds` per step and ends an episode every `length` steps with `info`:
-    what a layout is timed with, in place of the real envs (which must not be stepped before the user resets them)."""
-
-    observation_space = Box(-1.0, 1.0, (1,), np.float32)
-    action_space = Discrete(2)
-
-    def __init__(self, seconds: float = 0.0, length: float = math.inf, info: dict | None = None, offset: int = 0):
-        self.seconds, self.length, self.info, self.t = seconds, length, info or {}, offset
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        return np.zeros(1, np.float32), {}
-
-    def step(self, action):
-        end = time.perf_counter() + self.seconds
-        while time.perf_counter() < end:
-            pass
-        self.t += 1
-        done = self.t % self.length < 1
-        return np.zeros(1, np.float32), 0.0, done, False, self.info if done else {}
+def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, str]:
+    """The number of workers (0: this process) for n envs like the probed one, and why. found None: the probe failed."""
+    w = max(1, min(cores, n))
+    if found is None or not found["trusted"]:
+        return w, "workers bound its waits and outlive its crashes" if found else "workers report the probe's failure"
+    if w == 1:
+        return 0, "one core or one env: nothing to spread"
+    saved = found["step"] * (n - math.ceil(n / w))
+    if saved < ROUND_TRIP:
+        return 0, f"workers would save {saved * 1e6:.0f} us a step, under the {ROUND_TRIP * 1e6:.0f} us they cost"
+    return w, f"workers save {saved * 1e6:.0f} us a step, over the {ROUND_TRIP * 1e6:.0f} us they cost"
 
 
-def measure_layout(n: int, step: float, length: float, info: dict, **layout: Any) -> float:
-    """Median seconds of one step of `n` stand-in envs (`step` seconds each, episodes of `length` steps ending with
-    `info`) in the given layout, from about 0.2 s of stepping: commands, wake-ups, replies and infos included, and how
-    well workers really run side by side here, which is not always as well as there are cores."""
-    from common.multiprocessing_env import SubprocVecEnv
-
-    env_fns = [functools.partial(StandInEnv, step, round(length) if length < math.inf else math.inf, info, i * 7)
-               for i in range(n)]  # fmt: skip
-    with SubprocVecEnv(env_fns, max_wait=10.0, **layout) as envs:
-        envs.reset(seed=0)
-        actions, samples, start = np.zeros(n, np.int64), [], time.perf_counter()
-        while len(samples) < 200 and (len(samples) < 10 or time.perf_counter() - start < 0.2):
-            tick = time.perf_counter()
-            envs.step(actions)
-            samples.append(time.perf_counter() - tick)
-    return float(np.median(samples[len(samples) // 4 :]))  # the first steps wake processes that were just started
-
-
-def choose(env_fns: list, workers: int, spin: float, bound: float, interrupt: Any = None) -> tuple[int, dict[str, Any]]:
-    """The number of workers to use (0: this process) and the figures the choice was made from."""
-    n = len(env_fns)
-    figures: dict[str, Any] = {"step": None, "in_process": None, "workers": None, "why": None}
-    if workers <= 1:
-        return 0, dict(figures, why="one core or one env: nothing to spread")
+def choose(env_fns: list, cores: int, bound: float, interrupt: Any = None) -> tuple[int, dict[str, Any]]:
+    """The number of workers to use (0: this process) and what the choice was made from (for `describe`)."""
     try:
-        found = probe(env_fns[-1], bound, n - 1, interrupt=interrupt)
+        found = probe(env_fns[-1], bound, len(env_fns) - 1, interrupt=interrupt)
     except ProbeFailed as exc:
-        return workers, dict(figures, why=f"the probe env failed ({exc}); workers report it")
-    step = figures["step"] = found["step"]
-    if step * (n - -(-n // workers)) >= CLEARLY_WORTH:
-        return workers, dict(figures, why="workers save far more than a round trip")
-    like_the_probe = (step, found["length"], found["final_info"])
-    figures["in_process"] = measure_layout(n, *like_the_probe, num_workers=0)
-    try:
-        figures["workers"] = measure_layout(n, *like_the_probe, num_workers=workers, context="fork", worker_spin=spin)
-    except Exception as exc:  # noqa: BLE001 - stand-ins that cannot be timed in workers: this process it is
-        return 0, dict(figures, why=f"stand-in workers failed ({type(exc).__name__}: {exc})")
-    if figures["workers"] > 0.9 * figures["in_process"]:
-        return 0, dict(figures, why="workers are not clearly faster")  # easier to debug, no worker to lose
-    return workers, dict(figures, why="workers are clearly faster")
+        workers, why = decide(None, len(env_fns), cores)
+        return workers, {"why": f"the probe env failed ({exc}); {why}"}
+    workers, why = decide(found, len(env_fns), cores)
+    return workers, {"origin": found["origin"], "trusted": found["trusted"], "step": found["step"], "why": why}
 
 
-def describe(n: int, num_workers: int, figures: dict[str, Any], workers_measured: int) -> str:
-    """The layout in words, with the figures the choice was made from: "8 envs in this process (...)"."""
-    envs = "1 env" if n == 1 else f"{n} envs"
-    text = f"{envs} in " + ("this process" if num_workers == 0 else plural(num_workers, "worker process"))
+def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
+    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv: ...)"."""
+    text = f"{'1 env' if n == 1 else f'{n} envs'} in "
+    text += "this process" if num_workers == 0 else plural(num_workers, "worker process")
     notes = []
-    if figures.get("step") is not None:
-        notes.append(f"one env step {figures['step'] * 1e6:.0f} us, timed in a probe process")
-    if figures.get("in_process") is not None:
-        timed = f"a step of {envs} like it: {figures['in_process'] * 1e6:.0f} us in this process"
-        if figures.get("workers") is not None:
-            timed += f", {figures['workers'] * 1e6:.0f} us in {plural(workers_measured, 'worker')}"
-        notes.append(timed)
+    if "origin" in figures:
+        env = figures["origin"][-1].rsplit(".", 1)[-1]
+        notes.append(f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs")
+    if figures.get("step") is not None and math.isfinite(figures["step"]):
+        notes.append(f"one step {figures['step'] * 1e6:.0f} us of CPU in a probe process")
+    elif figures.get("step") is not None:
+        notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
     if figures.get("why"):
         notes.append(figures["why"])
     return text + (f" ({'; '.join(notes)})" if notes else "")

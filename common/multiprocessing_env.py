@@ -13,9 +13,10 @@ a finished env is reset within the same step, its last observation and info are 
 Layout: each worker process steps ``envs_per_worker`` envs per round trip. Observations, actions, rewards and flags
 live in one shared-memory block that workers write in place; the pipe carries a one-byte command and a one-byte
 reply, plus pickled infos only when an env reports any (or the observation space cannot live in shared memory). By
-default the layout is chosen (common/layout_choice.py): where a process round trip costs more than the envs it
-would spread (8 CartPoles on 2 cores), the envs step in the calling process instead, with the same results, API and
-errors (``num_workers=0`` asks for that; it cannot bound or restart a step, so ``step_timeout`` and
+default the layout is decided (common/layout_choice.py): gymnasium's own pure-Python envs step in the calling
+process where a process round trip would cost more than the workers save (8 CartPoles on 2 cores), with the same
+results, API and errors; every other env steps in workers, where it can neither hang nor kill the caller
+(``num_workers=0`` asks for the calling process; it cannot bound or restart a step, so ``step_timeout`` and
 ``max_restarts`` need workers).
 
 Failures: any failure in a worker (an exception in env code, a crash, a kill) reaches the caller as ``WorkerError``
@@ -37,6 +38,7 @@ layout (pools.py), the shared-memory block (shared_arrays.py), the socket framin
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import multiprocessing as mp
 import pickle
@@ -56,6 +58,7 @@ from common.worker import Command, space_from_key
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout", "check_layout"]
 
+_log = logging.getLogger(__name__)
 DEFAULT_SPIN = 0.02  # seconds a worker polls for its next command, while commands come within it (worker_spin)
 
 
@@ -104,9 +107,10 @@ class SubprocVecEnv(VectorEnv):
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
         num_workers: worker processes; 0 steps every env in this process. None: chosen (common/layout_choice.py):
-            workers, one per CPU core (at most one per env), only where they are clearly faster than this process.
-            The figures and the choice are in `layout`, `step_seconds`, `in_process_seconds` and `workers_seconds`.
-            Workers are used whenever `step_timeout` or `max_restarts` is set.
+            this process only for gymnasium's own pure-Python envs, and only where workers would not save more
+            than their round trip costs; else one worker per CPU core (at most one per env). Where and why are in
+            `placement`, `layout` and `step_seconds`. Workers are used whenever `step_timeout` or `max_restarts` is
+            set.
         envs_per_worker: envs stepped by each worker per round trip (instead of num_workers).
         context: multiprocessing start method, "forkserver" (default where available), "spawn" or "fork".
         shared_memory: keep observations in shared memory (no pickling). Spaces that cannot live there
@@ -165,28 +169,24 @@ class SubprocVecEnv(VectorEnv):
         self._observation_space = self._action_space = None  # batched: made when first asked for (_BatchedSpace)
         self._space_keys: tuple = ()  # env 0's, which every env's must equal
 
-        # Layout: measured, asked for, or workers when steps must be bounded or restarted
+        # Layout: asked for, workers when steps must be bounded or restarted, else decided (common/layout_choice.py)
         context = context or processes.default_context()
         if num_workers != 0:
             processes.check_main_guard(context)
         cores = processes.cores()
-        workers = min(cores, n) if num_workers is None else min(num_workers, n)
+        workers, figures = min(cores, n) if num_workers is None else min(num_workers, n), {}
         if envs_per_worker is not None:
             workers = -(-n // envs_per_worker)
-
-        def spin(workers: int) -> float:
-            return (DEFAULT_SPIN if workers <= cores else 0.0) if worker_spin is None else worker_spin
-
-        figures: dict[str, Any] = {}
-        if envs_per_worker is None and num_workers is None and step_timeout is None and not max_restarts:
-            workers, figures = layout_choice.choose(env_fns, workers, spin(workers), self._bound, interrupt)
+        elif num_workers is None and step_timeout is None and not max_restarts:
+            workers, figures = layout_choice.choose(env_fns, cores, self._bound, interrupt)
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(slices) if workers else 0
-        self.worker_spin = spin(self.num_workers) if workers else 0.0
-        self.step_seconds, self.in_process_seconds = figures.get("step"), figures.get("in_process")
-        self.workers_seconds = figures.get("workers")
-        self.layout = layout_choice.describe(n, self.num_workers, figures, min(cores, n))
+        default_spin = DEFAULT_SPIN if self.num_workers <= cores else 0.0  # a polling worker would take a busy core
+        self.worker_spin = (default_spin if worker_spin is None else worker_spin) if workers else 0.0
+        self.step_seconds = figures.get("step")
+        self.layout = layout_choice.describe(n, self.num_workers, figures)
+        self.placement = self.layout.split(" (")[0]  # "8 envs in this process", "8 envs in 2 worker processes"
 
         try:
             if workers:
@@ -279,7 +279,7 @@ class SubprocVecEnv(VectorEnv):
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
             self._raise(failures)
-        restarted = {w: self._restart(w, error) for w, error in sorted(failures.items())}
+        restarted = self._restart(failures) if failures else {}
         self._state = AsyncState.DEFAULT
         last_obs = list(iterate(self.observation_space, self._last_obs)) if restarted else None
         infos: dict[str, Any] = {}
@@ -461,24 +461,21 @@ class SubprocVecEnv(VectorEnv):
             error.args = (f"{error.args[0]}; call {self._state.value}_wait() again to keep waiting, or close()",)
         raise error
 
-    def _restart(self, w: int, error: Exception) -> tuple:
-        """Replaces failed worker `w` with a fresh one and resets its envs; returns the reset reply. A rebuild that
-        fails, or does not answer within the bound, uses up the next restart, until the budget is spent."""
-        while True:
-            self.restarts += 1
-            reason = str(error).splitlines()[0]
-            warnings.warn(
-                f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart {self.restarts} of "
-                f"{self.max_restarts}, after: {reason}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            try:
-                return self._pool.restart(w, self._bound, self._check_spaces)
-            except (WorkerError, WorkerTimeout) as exc:
-                if self.restarts >= self.max_restarts:
-                    self._raise({w: exc})
-                error = exc
+    def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
+        """Replaces the failed workers with fresh ones, together, and resets their envs; returns each one's reset reply.
+        Each restart says so in one line (logging). A rebuild that fails, or does not answer within the bound, uses
+        up another restart, until the budget is spent."""
+        replies: dict[int, tuple] = {}
+        while failures:
+            for w, error in sorted(failures.items()):
+                self.restarts += 1
+                _log.warning(f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
+                             f"{self.restarts} of {self.max_restarts}: {str(error).splitlines()[0]}")  # fmt: skip
+            rebuilt, failures = self._pool.restart(sorted(failures), self._bound, self._check_spaces)
+            replies.update(rebuilt)
+            if failures and self.restarts + len(failures) > self.max_restarts:
+                self._raise(failures)
+        return replies
 
     def _report_restart(self, w: int, reply: tuple, last_obs: list, infos: dict) -> dict:
         """A restarted worker's envs: truncated, reward 0, the last observation as final_obs, worker_restart."""

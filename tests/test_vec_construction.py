@@ -5,17 +5,19 @@ clear message, and large observations cost what copying them costs."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import subprocess
 import sys
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
-from common import layout_choice
+from common import layout_choice, processes
 from common.multiprocessing_env import SubprocVecEnv, WorkerError, WorkerTimeout
-from tests.envs import FaultyEnv, LargeObsEnv, RecordsWhereEnv, SlowToSampleEnv
+from tests.envs import FailsLater, FaultyEnv, LargeObsEnv, RecordsWhereEnv, SlowToSampleEnv, failing_factory
 from tests.helpers import REPO, alive, descendants
 
 
@@ -25,64 +27,119 @@ def built_in(folder) -> list[int]:
     return [pid for _, pid in builds]
 
 
-def test_a_costly_env_is_timed_in_a_probe_and_stepped_in_workers(tmp_path):
-    """The layout is chosen from the real env's step, timed in a probe process: never built in this process, the
-    probe gone once the choice is made, the real step time said, and a 0.5 s step costs the choice about two steps."""
-    env_fns = [functools.partial(RecordsWhereEnv, str(tmp_path), 0.5)] * 4
-    start = time.monotonic()
-    workers, figures = layout_choice.choose(env_fns, 2, 0.0, 60.0)
-    assert time.monotonic() - start < 2.5  # the probe's start, a build, a reset and one 0.5 s step
-    assert workers == 2 and 0.5 <= figures["step"] < 0.7 and figures["in_process"] is None  # no stand-ins needed
-    (probe,) = built_in(tmp_path)
-    assert probe != os.getpid() and not alive(probe)
+@pytest.fixture
+def two_cores(monkeypatch):
+    """The layout is decided for 2 cores (this machine's, and CI's), whatever the machine running the test has."""
+    monkeypatch.setattr(processes, "cores", lambda: 2)
+
+
+def test_an_env_from_elsewhere_is_built_in_a_probe_and_stepped_in_workers(tmp_path, two_cores):
+    """Not one of gymnasium's own envs: built once in a probe process (never here), not stepped there, and stepped
+    in one worker per core."""
+    env_fns = [functools.partial(RecordsWhereEnv, str(tmp_path))] * 4
     with SubprocVecEnv(env_fns) as envs:
-        assert envs.num_workers == 2 and "one env step 5" in envs.layout and "timed in a probe process" in envs.layout
-        assert os.getpid() not in built_in(tmp_path) and set(envs.worker_pids) <= set(built_in(tmp_path))
+        assert envs.num_workers == 2 and envs.step_seconds is None
+        assert envs.placement == "4 envs in 2 worker processes"
+        assert "RecordsWhereEnv, not one of gymnasium's own envs; workers bound its waits" in envs.layout
+        probe, *builds = built_in(tmp_path)
+        assert probe != os.getpid() and not alive(probe) and set(builds) == set(envs.worker_pids)
+
+
+def test_gymnasiums_own_cheap_envs_step_here(two_cores):
+    with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 8) as envs:
+        assert envs.num_workers == 0 and envs.placement == "8 envs in this process"
+        assert envs.step_seconds < layout_choice.ROUND_TRIP / 4  # 4 = the steps 2 workers would take off this one
+        assert "(gymnasium's CartPoleEnv; one step" in envs.layout and "us of CPU in a probe process" in envs.layout
+
+
+def test_gymnasiums_own_envs_get_workers_where_they_save_more_than_their_round_trip(two_cores, monkeypatch):
+    monkeypatch.setattr(layout_choice, "ROUND_TRIP", 1e-9)
+    with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 8) as envs:
+        assert envs.num_workers == 2 and "workers save" in envs.layout
+
+
+@pytest.mark.parametrize(
+    ("trusted", "step", "n", "cores", "workers"),
+    [
+        (True, 10e-6, 8, 2, 0),  # workers would save 4 steps of 10 us: less than a round trip
+        (True, 10e-6, 8, 1, 0),  # one core: nothing to spread
+        (True, 10e-6, 1, 2, 0),  # one env: nothing to spread
+        (True, 1e-3, 8, 2, 2),  # 4 steps of 1 ms saved: workers
+        (True, math.inf, 8, 16, 8),  # a step slower than the probe waits for: a worker per env, at most one per core
+        (False, None, 8, 2, 2),  # not gymnasium's own: workers, however cheap
+        (False, None, 1, 1, 1),  # ... even one env on one core
+    ],
+)
+def test_the_decision_rule(trusted, step, n, cores, workers):
+    assert layout_choice.decide({"trusted": trusted, "step": step}, n, cores)[0] == workers
+    assert layout_choice.decide(None, n, cores)[0] == min(n, cores)  # the probe failed: workers report it
 
 
 def test_the_probe_times_the_step_not_the_drawing_of_actions():
     """A trainer's actions come from its policy: an env whose space takes 1 ms to sample and no time to step is timed
     at its step (well under 1 ms), not at 1 ms a step, which would make stepping it in workers look worth it."""
-    found = layout_choice.probe(SlowToSampleEnv, 60.0, 0)
-    assert found["step"] < 0.3e-3
+    assert layout_choice.cpu_per_step(SlowToSampleEnv()) < 0.3e-3
 
 
-@pytest.mark.parametrize(("in_process", "in_workers", "chosen"), [(100e-6, 95e-6, 0), (100e-6, 85e-6, 2)])
-def test_workers_only_when_clearly_faster(tmp_path, monkeypatch, in_process, in_workers, chosen):
-    """Cheap envs: stand-ins like the probed env are timed in both layouts; workers need to be 10% faster. The
-    timings are fixed here (what a busy machine measures must not decide a test)."""
-    timed = {0: in_process, 2: in_workers}
-    monkeypatch.setattr(layout_choice, "measure_layout", lambda n, *like, num_workers, **kw: timed[num_workers])
-    with SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path))] * 4) as envs:
-        assert envs.num_workers == chosen and envs.in_process_seconds == in_process
-        probe, *builds = built_in(tmp_path)
-        assert probe != os.getpid()
-        assert (builds == [os.getpid()] * 4) if chosen == 0 else (os.getpid() not in builds)  # only here if here
-
-
-@pytest.mark.parametrize("phase", ["make", "reset", "step"])
-def test_a_hang_in_the_probe_is_a_timeout_naming_the_env(tmp_path, phase):
+def test_a_build_that_hangs_in_the_probe_is_a_timeout_naming_the_env(tmp_path):
     before = descendants()
     start = time.monotonic()
-    with pytest.raises(WorkerTimeout, match=rf"env 2 did not answer '{phase}' within 1.5 s \(in the layout probe\)"):
-        SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path), hang=phase)] * 3, max_wait=1.5)
+    with pytest.raises(WorkerTimeout, match=r"env 2 did not answer 'make' within 1.5 s \(in the layout probe\)"):
+        SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path), hang="make")] * 3, max_wait=1.5)
     assert time.monotonic() - start < 5
     assert not descendants() - before  # the probe is gone
 
 
+@pytest.mark.parametrize("trusted", [False, True])
+def test_an_env_whose_step_takes_an_hour_lets_the_constructor_return(tmp_path, trusted, monkeypatch, two_cores):
+    """The probe never waits for a step to finish: an env it does not trust is not stepped there, and one it trusts
+    (tests.envs counted as gymnasium's own here) is given STEP_DECIDE seconds, then gets workers."""
+    if trusted:
+        monkeypatch.setattr(layout_choice, "TRUSTED", (*layout_choice.TRUSTED, "tests.envs"))
+        monkeypatch.setattr(layout_choice, "STEP_DECIDE", 1.0)
+    before = descendants()
+    start = time.monotonic()
+    envs = SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path), hang="step")] * 2)
+    assert time.monotonic() - start < 15 and envs.num_workers == 2
+    assert ("a step took over 1 s in a probe process" in envs.layout) == trusted
+    probe = built_in(tmp_path)[0]
+    assert probe not in envs.worker_pids and not alive(probe)  # ended, in the middle of its step
+    envs.close(timeout=0.5)
+    assert not descendants() - before  # the probe, the workers, the forkserver: all gone
+
+
 @pytest.mark.parametrize(("fault", "message"), [("raise", "env 1 raised ValueError: boom at step 3"),
                                                 ("sigkill", "was killed by SIGKILL")])  # fmt: skip
-def test_an_env_that_fails_early_fails_in_a_worker_not_here(fault, message):
-    """The probe steps the env past step 3, where it fails: the choice falls to workers, where the failure is reported
-    as any other (this process neither raises nor dies while choosing)."""
+def test_an_env_that_fails_steps_in_a_worker_and_fails_there(fault, message):
     env_fns = [FaultyEnv, functools.partial(FaultyEnv, fault, 3)]
     with SubprocVecEnv(env_fns) as envs:
-        assert envs.num_workers == 2 and "the probe env failed" in envs.layout
+        assert envs.num_workers >= 1
         envs.reset(seed=0)
         envs.step(np.zeros(2, np.int64))
         envs.step(np.zeros(2, np.int64))
         with pytest.raises(WorkerError, match=message):
             envs.step(np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize(("fault", "error", "message"), [
+    ("hang", WorkerTimeout, r"envs \[2, 3\] did not answer 'step' within 3 s \(worker 1\)"),
+    ("segfault", WorkerError, r"worker 1 \(pid \d+, envs \[2, 3\]\) was killed by SIGSEGV"),
+    ("exit", WorkerError, r"worker 1 \(pid \d+, envs \[2, 3\]\) exited with code 3"),
+])  # fmt: skip
+def test_an_env_of_yours_that_fails_late_is_named_never_a_hang_or_a_crash_here(fault, error, message, two_cores):
+    """A cheap env of yours, with default arguments: it steps in workers, so a hang at its 2000th step is a timeout
+    and a segfault or an exit a named WorkerError, and this process goes on."""
+    env_fns = [FaultyEnv] * 3 + [functools.partial(FailsLater, fault, 2000)]
+    with SubprocVecEnv(env_fns, max_wait=3.0) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(error, match=message):
+            for _ in range(2000):
+                envs.step(np.zeros(4, np.int64))
+
+
+def test_an_env_the_probe_cannot_build_fails_in_the_workers_with_its_own_error():
+    with pytest.raises(WorkerError, match="env 0 raised RuntimeError: factory refused to build the env"):
+        SubprocVecEnv([failing_factory] * 2)
 
 
 SCRIPT = """
@@ -129,3 +186,78 @@ def test_mismatched_large_spaces_are_named():
     env_fns = [functools.partial(LargeObsEnv, 1000), functools.partial(LargeObsEnv, 1001)]
     with pytest.raises(RuntimeError, match=r"env 1 has observation space Box\(0, 255, \(1001,\), uint8\)"):
         SubprocVecEnv(env_fns, num_workers=2)
+
+
+# A trainer that builds a vec env with default arguments in a fresh process and says where its envs step.
+PLACEMENT = """
+import sys
+sys.path.insert(0, {repo!r})
+import gymnasium as gym
+from common.multiprocessing_env import SubprocVecEnv
+from tests.envs import SlowStepEnv
+
+if __name__ == "__main__":
+    env_fns = [lambda: gym.make("CartPole-v1")] * 16 if sys.argv[1] == "cartpole" else [lambda: SlowStepEnv(0.002)] * 8
+    with SubprocVecEnv(env_fns) as envs:
+        print(envs.placement)
+"""
+
+
+@pytest.mark.e2e
+def test_the_same_envs_get_the_same_layout_on_a_loaded_machine(tmp_path):
+    """Two busy loops load the machine, as on a shared node: 16 CartPoles, and 8 envs of yours whose step sleeps
+    2 ms, each built in 8 fresh processes, step in the same place every time."""
+    (tmp_path / "placement.py").write_text(PLACEMENT.format(repo=str(REPO)))
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for case in ("cartpole", "sleeper"):
+            runs = [subprocess.run([sys.executable, "placement.py", case], cwd=tmp_path, capture_output=True,
+                                   text=True, timeout=120) for _ in range(8)]  # fmt: skip
+            assert {run.stdout for run in runs} == {runs[0].stdout} and runs[0].returncode == 0, runs[0].stderr
+            workers = min(8, len(os.sched_getaffinity(0)))
+            expected = "16 envs in this process" if case == "cartpole" else f"8 envs in {workers} worker processes"
+            assert runs[0].stdout.strip() == expected
+    finally:
+        for loop in loops:
+            loop.kill()
+
+
+# A trainer stepping envs that each run a helper program, until it is killed.
+STEPPING = """
+import sys
+sys.path.insert(0, {repo!r})
+import functools
+import numpy as np
+from common.multiprocessing_env import SubprocVecEnv
+from tests.envs import HelperEnv
+
+if __name__ == "__main__":
+    env_fns = [functools.partial(HelperEnv, helper="exec", step_seconds=0.001)] * 2
+    envs = SubprocVecEnv(env_fns, num_workers=2)
+    envs.reset(seed=0)
+    print(*envs.get_attr("helper_pid"), flush=True)
+    while True:
+        envs.step(np.zeros(2, np.int64))
+"""
+
+
+@pytest.mark.e2e
+def test_the_helpers_of_a_killed_trainers_workers_end_every_time(tmp_path):
+    """SIGKILL to a trainer while its workers step (and reply): whatever a worker was doing, it ends with its env's
+    helper program, 20 times out of 20."""
+    (tmp_path / "stepping.py").write_text(STEPPING.format(repo=str(REPO)))
+    rng = np.random.default_rng(0)
+    leaked = []
+    for _ in range(20):
+        proc = subprocess.Popen([sys.executable, "stepping.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        helpers = [int(pid) for pid in proc.stdout.readline().split()]
+        time.sleep(rng.uniform(0.05, 0.3))
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while [pid for pid in helpers if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        leaked += [pid for pid in helpers if alive(pid)]
+    for pid in leaked:
+        os.kill(pid, 9)
+    assert leaked == []

@@ -32,6 +32,7 @@ from common.shared_arrays import anonymous_file, views
 from common.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
 
 _LONGEST_POLL = 3600.0  # seconds; poll() takes an int of milliseconds, so longer waits are made of several
+STARTING = 60.0  # seconds a worker may take to start (a process, the main script's imports) before it builds its envs
 
 
 class WorkerError(RuntimeError):
@@ -206,7 +207,7 @@ class WorkerPool:
             self.sentinels.append(sentinel)
         self.poller.register(sentinel, select.POLLIN)
         self.fd_owner[conn.fd], self.fd_owner[sentinel] = (w, False), (w, True)
-        self.pending[w] = Command.MAKE
+        self.pending[w] = Command.START
 
     # ------------------------------------------------------------------------------------------------ commands
     def send(self, w: int, command: Command, arg: Any = None) -> None:
@@ -238,55 +239,65 @@ class WorkerPool:
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
         try:
-            return self._collect(time.monotonic() + timeout, timeout, watched)
+            return self._collect(timeout, watched)
         finally:
             if watched is not None:
                 self.poller.unregister(watched)
 
-    def _collect(self, deadline: float, timeout: float, watched: int | None) -> dict[int, Exception]:
-        failures: dict[int, Exception] = {}
+    def _collect(self, timeout: float, watched: int | None) -> dict[int, Exception]:
+        now, failures, late = time.monotonic(), {}, set()
+        # A worker that has yet to start (a process, the main script's imports) gets STARTING; its envs' build is
+        # bounded from the moment it says it has started (the bound is the env's, not the process's)
+        deadlines = {w: now + (max(timeout, STARTING) if command is Command.START else timeout)
+                     for w, command in self.pending.items()}  # fmt: skip
         waiting_for = len(self.pending)
-        while self.pending:
+        while len(self.pending) > len(late):
             # Once a worker has answered (a core is free), the last replies are awaited without sleeping, up to the
             # workers' own window: read as they come, not after this process is woken on a cold core.
+            deadline = min(deadlines[w] for w in self.pending if w not in late)
             events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
             if not events:
-                stuck = sorted(self.pending)
-                label = self.pending[stuck[0]].label
-                envs = [i for w in stuck for i in self.envs_of(w)]
-                message = f"envs {envs} did not answer '{label}' within {timeout:g} s (workers {stuck})"
-                self.stuck.update(stuck)  # never asked politely again: killed on restart or close
-                failures.update({w: WorkerTimeout(message, self.envs_of(w), label) for w in stuck})
-                break
+                for w in [w for w in self.pending if w not in late and deadlines[w] <= time.monotonic()]:
+                    late.add(w)
+                    failures[w] = self._timeout(w, timeout)
+                self.stuck.update(late)  # never asked politely again: killed on restart or close
             for fd, _ in events:
                 if fd == watched:
                     self.interrupt.check()
-                elif fd in self.fd_owner:
-                    self._read(*self.fd_owner[fd], failures)
+                elif fd in self.fd_owner and self._read(*self.fd_owner[fd], failures):
+                    deadlines[self.fd_owner[fd][0]] = time.monotonic() + timeout  # it has started: now its build
         return failures
 
-    def _read(self, w: int, is_sentinel: bool, failures: dict[int, Exception]) -> None:
-        """Takes worker w's reply, if a whole one has arrived, or notes its death."""
+    def _timeout(self, w: int, timeout: float) -> WorkerTimeout:
+        command = self.pending[w]
+        bound = max(timeout, STARTING) if command is Command.START else timeout
+        message = f"envs {self.envs_of(w)} did not answer '{command.label}' within {bound:g} s (worker {w})"
+        return WorkerTimeout(message, self.envs_of(w), command.label)
+
+    def _read(self, w: int, is_sentinel: bool, failures: dict[int, Exception]) -> bool:
+        """Takes worker w's replies that have arrived whole, or notes its death; True if it said it has started."""
         conn = self.conns[w]
-        open_ = conn.pump()
-        msg = conn.message()
-        if msg is None and (is_sentinel or not open_):  # exited, or closed its pipe, without a reply
+        open_, started, replied = conn.pump(), False, False
+        while (msg := conn.message()) is not None:
+            if w not in self.pending:  # a reply to nobody: a protocol fault
+                failures[w] = self._death(w)
+                return started
+            if self.pending[w] is Command.START:  # its first word: started, and building its envs now
+                self.pending[w], started = Command.MAKE, True
+                continue
+            del self.pending[w]
+            self.stuck.discard(w)
+            replied = True
+            status = msg[:1]
+            payload = None if status == Reply.OK else pickle.loads(memoryview(msg)[1:])
+            if status == Reply.ERROR:
+                failures[w] = _remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
+                self._unwatch(w)  # it exits after this reply
+            self.replies[w] = payload
+        if not replied and (is_sentinel or not open_):  # exited, or closed its pipe, without a reply
             failures[w] = self._death(w)
             self.pending.pop(w, None)
-            return
-        if msg is None:  # part of a reply: the rest is on its way
-            return
-        if w not in self.pending:  # a reply to nobody: a protocol fault
-            failures[w] = self._death(w)
-            return
-        del self.pending[w]
-        self.stuck.discard(w)
-        status = msg[:1]
-        payload = None if status == Reply.OK else pickle.loads(memoryview(msg)[1:])
-        if status == Reply.ERROR:
-            failures[w] = _remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
-            self._unwatch(w)  # it exits after this reply
-        self.replies[w] = payload
+        return started
 
     def _death(self, w: int) -> WorkerError:
         proc, command = self.procs[w], self.pending.get(w)
@@ -295,7 +306,7 @@ class WorkerPool:
         processes.end_processes([proc], grace=2.0)  # collect the exit code; a helper may still hold the pipe open
         return WorkerError(
             f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {processes.describe_exit(proc.exitcode)} during "
-            f"'{label}'; close() this SubprocVecEnv and build a new one",
+            f"'{label}'",
             self.envs_of(w),
             label,
             proc.exitcode,
@@ -308,30 +319,34 @@ class WorkerPool:
                 self.poller.unregister(fd)
 
     # ------------------------------------------------------------------------------------------ restart, stop
-    def restart(self, w: int, timeout: float, check_spaces: Callable[[int, list], None]) -> tuple:
-        """Replaces worker `w` with a fresh one and resets its envs; returns the reset reply. Raises the failure of
-        the rebuild (WorkerError, WorkerTimeout)."""
-        self._unwatch(w)
-        self.conns[w].close()
-        _close_process_fd(self.sentinels[w], self.procs[w])
-        processes.end_processes([self.procs[w]], grace=0.0)
-        self.pending.pop(w, None)
-        self.replies.pop(w, None)
-        self.stuck.discard(w)
-        self._start(w)
-        n = len(self.envs_of(w))
+    def restart(self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]) -> tuple[dict, dict]:
+        """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its reset reply}, {worker:
+        the failure of its rebuild (WorkerError, WorkerTimeout)})."""
+        for w in ws:
+            self._unwatch(w)
+            self.conns[w].close()
+            _close_process_fd(self.sentinels[w], self.procs[w])
+            self.pending.pop(w, None)
+            self.replies.pop(w, None)
+            self.stuck.discard(w)
+        processes.end_processes([self.procs[w] for w in ws], grace=0.0)
+        for w in ws:
+            self._start(w)
+        rebuilding, failures = list(ws), {}
         for step in ("make", "attach", "reset"):
-            if step == "attach":
-                self._attach(w)
-            elif step == "reset":
-                self.send(w, Command.RESET, ([None] * n, None, [True] * n))
-            failures = self.collect(timeout)
-            if failures:
-                raise failures[w]
-            reply = self.replies.pop(w)
-            if step == "make":
-                check_spaces(self.slices[w].start, reply[0])
-        return reply
+            for w in rebuilding:
+                if step == "attach":
+                    self._attach(w)
+                elif step == "reset":
+                    n = len(self.envs_of(w))
+                    self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+            failures.update(self.collect(timeout))  # only the rebuilt workers are pending
+            rebuilding = [w for w in rebuilding if w not in failures]
+            for w in failures:  # a rebuild that timed out is not waited for again (it is killed, being stuck)
+                self.pending.pop(w, None)
+            for w in rebuilding if step == "make" else []:
+                check_spaces(self.slices[w].start, self.replies.pop(w)[0])
+        return {w: self.replies.pop(w) for w in rebuilding}, failures
 
     def drain(self, timeout: float) -> None:
         """Gives the replies under way (of workers not known to be stuck) up to `timeout` seconds to arrive."""

@@ -3,13 +3,14 @@ steps a slice of the envs into their rows of the shared arrays (the in-process l
 calling process).
 
 Protocol: the parent sends a message whose first byte is a `Command`, optionally followed by a pickled argument;
-the worker answers every command with one `Reply` byte, optionally followed by a pickled payload. A worker builds
-its envs as it starts and says hello with their spaces; a failure sends (env index, command, summary, traceback) and
-ends the worker. An unknown command is a protocol fault, reported the same way.
+the worker answers every command with one `Reply` byte, optionally followed by a pickled payload. A worker says it
+has started (OK), then builds its envs and says hello with their spaces; a failure sends (env index, command,
+summary, traceback) and ends the worker. An unknown command is a protocol fault, reported the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import mmap
 import os
@@ -18,6 +19,7 @@ import select
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -35,9 +37,10 @@ PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 class Command(enum.Enum):
-    """What the parent asks of a worker: the first byte of a message. MAKE is never sent (a worker builds its envs
-    as it starts); it names that phase in errors."""
+    """What the parent asks of a worker: the first byte of a message. START and MAKE are never sent (a worker says it
+    has started, then builds its envs and says hello); they name those phases in errors."""
 
+    START = b"t"
     MAKE = b"k"
     ATTACH = b"m"
     STEP = b"s"
@@ -299,6 +302,7 @@ def worker_main(
     group = None
     command, k = Command.MAKE, 0  # what the worker is doing, and to which of its envs: named in any error
     try:
+        conn.send(Reply.OK)  # started: from now on the parent times the envs' own build
         env_fns = cloudpickle.loads(env_fns_bytes)
         for k in range(len(env_fns)):
             envs.append(env_fns[k]())
@@ -315,18 +319,16 @@ def worker_main(
         conn.send(Reply.OK)
 
         window, answered = spin, time.perf_counter()
-        while True:
+        while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
             window = spin_window(spin, time.perf_counter() - answered)
-            if command is Command.CLOSE:
-                break
-            reply = group.run(command, arg)
-            conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
-            answered = time.perf_counter()
-    except EOFError:  # the trainer is gone, or dropped us, without a word: end with our helpers, not after them
-        close_envs(envs)
-        _end(lifeline, tmpdir, wait=0.1)
+            if command is not Command.CLOSE:
+                reply = group.run(command, arg)
+                conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
+                answered = time.perf_counter()
+    except (EOFError, ConnectionError):  # the trainer is gone (or dropped us) without a word, or died as we replied
+        pass
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent, then this process ends
         index = first + (group.current if group is not None else k)
         try:
@@ -336,3 +338,8 @@ def worker_main(
     finally:
         close_envs(envs)
         conn.close()
+        if command is not Command.CLOSE:  # however the worker got here, its helpers end with it, not after it
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            _end(lifeline, tmpdir, wait=0.1)

@@ -384,3 +384,26 @@ gym.register(
         "max_num_frames_per_episode": 108000,
     },  # fmt: skip
 )
+
+
+class FailsLater(CounterEnv):
+    """A cheap env (a CartPole's cost) that fails at the `at`-th step of its life, over episodes: long after any
+    probe or first steps would have seen it. `fault`: hang, segfault or exit."""
+
+    def __init__(self, fault: str = "segfault", at: int = 2000):
+        super().__init__(terminate_at=50)
+        self.fault, self.at, self.life = fault, at, 0
+
+    def step(self, action):
+        self.life += 1
+        if self.life == self.at:
+            if self.fault == "segfault":
+                import ctypes
+
+                ctypes.string_at(0)  # reads address 0: SIGSEGV
+            FaultyEnv(self.fault, 0)._fail()
+        return super().step(action)
+
+
+for _fault in ("hang", "segfault", "exit"):
+    gym.register(f"FailsLater-{_fault}-v0", entry_point=FailsLater, kwargs={"fault": _fault}, max_episode_steps=200)

@@ -74,6 +74,25 @@ def test_crash_with_restarts_finishes_training(tmp_path, fault):
     assert_workers_gone(tmp_path)
 
 
+@pytest.mark.parametrize("fault", ["segfault", *LONG("exit")])
+def test_an_env_of_yours_that_crashes_late_is_named_and_saved_with_default_flags(tmp_path, fault):
+    """A cheap env of yours that crashes at its 2000th step, with no layout flag given: it steps in workers, so the
+    crash is a named WorkerError and the last iteration is saved (in the trainer it would take the run with it)."""
+    args = ["--env-id", f"tests.envs:FailsLater-{fault}-v0", *TINY, "--total-timesteps", "100000"]
+    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
+    assert out.returncode == 1, out.stderr
+    died = r"was killed by SIGSEGV \(exit code -11\)" if fault == "segfault" else "exited with code 3"
+    assert re.search(rf"ppo_vec.py: error: worker \d \(pid \d+, envs \[\d, \d\]\) {died} during 'step'", out.stderr)
+    assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["iteration"] >= 50
+
+
+def test_a_short_step_timeout_bounds_the_envs_work_not_the_probes_start(tmp_path):
+    """--step-timeout 0.1 on CartPole: the probe that checks the env takes longer than that to start Python, which the
+    bound does not count; the run trains."""
+    out = run_script(SCRIPT, [*TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120)
+    assert out.returncode == 0 and "global_step=256/256" in out.stdout, out.stderr
+
+
 def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
     """Starts a run and returns once it has printed its first progress line (training is under way)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))

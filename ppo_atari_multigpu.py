@@ -249,6 +249,7 @@ def main(args: Args) -> None:
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size, local_world_size = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     is_main, distributed = rank == 0, world_size > 1
+    args = checkpointing.trained_flags(args, "ppo_atari_multigpu.py")  # --resume: the run's own flags
     num_actions = check_args(args, world_size, local_world_size)
     use_cuda = args.cuda and torch.cuda.is_available()
     device = torch.device(f"cuda:{(args.device_ids or range(local_world_size))[local_rank]}" if use_cuda else "cpu")
@@ -288,16 +289,17 @@ def main(args: Args) -> None:
     with (
         experiment.process_group(args.backend or ("nccl" if use_cuda else "gloo"), distributed),
         SubprocVecEnv(env_fns, **experiment.vec_env_options(args, cores)) as envs,
-        experiment.ending("ppo_atari_multigpu.py", run_dir, checkpoints, progress) as run,
+        experiment.ending("ppo_atari_multigpu.py", run_dir, checkpoints, progress, envs.layout) as run,
         experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
     ):
         # the update calls ddp_agent, whose backward() averages the gradients over all ranks; the rollout calls agent
         ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None) if distributed else agent
         first_seed = args.seed + ((start_iteration - 1) * world_size + rank) * args.local_num_envs  # fresh per start
         seeds = experiment.all_ranks(list(range(first_seed, first_seed + args.local_num_envs)))
+        ranks = f", x {world_size} ranks, env seeds {seeds}" if distributed else ""
         if is_main:
-            experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {world_size} rank(s) on {device.type}, each "
-                                f"with {envs.layout}, env seeds per rank: {seeds}", run_dir)  # fmt: skip
+            experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {envs.placement} on {device.type}{ranks}",
+                                run_dir, checkpoint)  # fmt: skip
         next_obs, _ = checkpointing.start_envs(envs, checkpoint, rank, first_seed)  # as a checkpoint left them?
         # a stop saves rank 0's last snapshot, without collective calls (other ranks may be gone): its rng alone
         run.snapshot(start_iteration - 1, [rng.bit_generator.state] + [None] * (world_size - 1))
@@ -429,7 +431,7 @@ def main(args: Args) -> None:
                 run.save(env_states=list(env_states), rng=list(rngs))  # rank 0 writes every rank's; the others skip
 
         checksums = experiment.all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()))
-        if is_main:
+        if is_main and distributed:
             print(f"final parameter checksum per rank (equal when the ranks stayed in step): {checksums}")
         if is_main and args.save_model and args.eval_episodes:  # CleanRL's file, saved and evaluated
             evaluate(run.save_model(args.exp_name), args.eval_episodes, device, writer=writer)

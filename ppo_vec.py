@@ -116,8 +116,11 @@ def make_env(args: Args, idx: int, run_dir: Path):
         if args.capture_video and idx == 0:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         env = gym.wrappers.FlattenObservation(env)
-        if isinstance(env.observation_space, gym.spaces.Box) and env.observation_space.dtype != np.float32:
-            env = gym.wrappers.DtypeObservation(env, np.float32)  # the agent's (a Dict flattens to int64 one-hots)
+        space = env.observation_space
+        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # the agent's (Dict: int64 one-hots)
+            with np.errstate(over="ignore"):  # bounds past float32's range are its infinities
+                box = gym.spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32)
+            env = gym.wrappers.TransformObservation(env, lambda obs: obs.astype(np.float32), box)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         return gym.wrappers.ClipAction(env) if isinstance(env.action_space, gym.spaces.Box) else env
 
@@ -273,6 +276,7 @@ def evaluate(path: str, episodes: int, device: torch.device, capture_video=False
 
 
 def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
+    args = checkpointing.trained_flags(args, "ppo_vec.py")  # --resume: the run's own flags
     obs_space, action_space = check_args(args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.num_threads)
@@ -282,13 +286,14 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
+    args = replace(args, norm_obs=args.norm_obs and continuous)  # what runs, as args.json records it
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
     agent = Agent(obs_shape[0], action_space).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
-    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs and continuous)
+    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs)
     modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards, "obs_normalizer": normalize_obs}
     checkpoints = checkpointing.Checkpoints("ppo_vec.py", args, modules, batch_size)
     same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}  # what a resume keeps
@@ -303,10 +308,10 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     env_fns = [make_env(args, i, run_dir) for i in range(args.num_envs)]
     with (
         SubprocVecEnv(env_fns, **experiment.vec_env_options(args)) as envs,
-        experiment.ending("ppo_vec.py", run_dir, checkpoints, progress) as run,
+        experiment.ending("ppo_vec.py", run_dir, checkpoints, progress, envs.layout) as run,
         experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
     ):
-        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.placement}, agent on {device}", run_dir)
+        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.placement}, agent on {device}", run_dir, checkpoint)
         # the envs as the checkpoint left them, or fresh episodes with seeds no earlier start of this run used
         next_obs, fresh = checkpointing.start_envs(envs, checkpoint, 0, args.seed + global_step // args.num_steps)
         next_obs = normalize_obs(next_obs, update=fresh)  # a run continued exactly has counted these already

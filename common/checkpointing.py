@@ -26,7 +26,8 @@ import gymnasium as gym
 import torch
 
 from common import stops
-from common.experiment import Finished, FlagError, RunError, flag, given_flags
+from common.experiment import Finished, FlagError, RunError, flag, given_fields, given_flags
+from common.results import TOLERATED
 
 
 def save_checkpoint(path: Path | str, state: dict) -> None:
@@ -90,7 +91,35 @@ def load_checkpoint(path: str, flag_name: str, script: str, needs: tuple[str, ..
     if missing:
         raise FlagError(f"{flag_name} {path} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} "
                         "(an older version, or a file edited since)")  # fmt: skip
+    wrong = [name for name, ok in _FIELDS.items() if name in checkpoint and not ok(checkpoint[name], checkpoint)]
+    if wrong:
+        raise FlagError(f"{flag_name} {path} holds a {' and a '.join(wrong)} no run of {script} writes: a file edited "
+                        "since, or damaged")  # fmt: skip
     return checkpoint
+
+
+def _is_state(value: Any) -> bool:
+    """A numpy random generator's state, as bit_generator.state gives it (a dict naming its bit generator)."""
+    return isinstance(value, dict) and isinstance(value.get("bit_generator"), str) and "state" in value
+
+
+# What each field of a checkpoint may hold: (value, the whole checkpoint) -> ok
+_FIELDS: dict[str, Callable[[Any, dict], bool]] = {
+    "args": lambda v, c: isinstance(v, dict),
+    "model": lambda v, c: isinstance(v, dict),
+    "world_size": lambda v, c: type(v) is int and v >= 1,
+    "iteration": lambda v, c: type(v) is int and v >= 0,
+    "global_step": lambda v, c: type(v) is int and v >= 0,
+    "rng": lambda v, c: (  # one per rank (where the world size itself is right), rank 0's known
+        isinstance(v, list)
+        and bool(v)
+        and _is_state(v[0])
+        and all(s is None or _is_state(s) for s in v)
+        and (len(v) == c.get("world_size", 1) or not _FIELDS["world_size"](c.get("world_size", 1), c))
+    ),
+    "env_states": lambda v, c: v is None or isinstance(v, list) and all(isinstance(s, torch.Tensor) for s in v),
+    "recent_returns": lambda v, c: isinstance(v, list) and all(isinstance(r, (int, float)) for r in v),
+}
 
 
 class Checkpoints:
@@ -104,6 +133,7 @@ class Checkpoints:
         self.steps_per_iteration, self.world_size = steps_per_iteration, world_size
         self.last: dict | None = None  # the latest snapshot: what any save writes
         self._written: dict[Path, dict] = {}  # path -> the snapshot last written there
+        self._iterations: dict[Path, int] = {}  # path -> the iteration of the checkpoint there (written or read)
 
     def snapshot(self, done: int, rng: list, **extras: Any) -> None:
         """Notes the state after `done` iterations (copies: training goes on changing the originals). rng: every
@@ -122,12 +152,17 @@ class Checkpoints:
             self.last["env_states"] = [torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in env_states]
         self.last.update(changes)  # taken at the snapshot's boundary too: a later save of it writes them again
         save_checkpoint(path, self.last)
-        self._written[Path(path)] = self.last
+        self._written[Path(path)], self._iterations[Path(path)] = self.last, self.last["iteration"]
         return path
 
     def written(self, path: Path | str) -> bool:
         """True if `path` holds the last snapshot already (a stop right after a periodic save has nothing to add)."""
         return self._written.get(Path(path)) is self.last
+
+    def iteration_in(self, path: Path | str) -> int | None:
+        """The iteration of the checkpoint in `path` as this run wrote or read it (a failed write leaves the earlier
+        one), None if it knows of none."""
+        return self._iterations.get(Path(path))
 
     def resume(self, path: str, same: dict[str, Any], num_iterations: int, needs: tuple[str, ...] = ()) -> dict:
         """Loads checkpoint `path` into the modules and returns it (for rng and extras). FlagError unless it holds
@@ -145,7 +180,26 @@ class Checkpoints:
                            "do (a larger --total-timesteps continues it)")  # fmt: skip
         for name, module in self.modules.items():
             load_state(module, checkpoint[name], "--resume", path)
+        self._iterations[Path(path)] = checkpoint["iteration"]
         return checkpoint
+
+
+def trained_flags(args: Any, script: str) -> Any:
+    """With --resume: the flags the run was trained with (its checkpoint's), the command line's only where a run may
+    change them (experiment.TOLERATED, and --total-timesteps, which extends or ends it sooner). FlagError naming each
+    other flag given on the command line with another value than the run's, and both values. Without: args."""
+    if args.resume is None:
+        return args
+    saved = saved_args(load_checkpoint(args.resume, "--resume", script), type(args))
+    given = [f.name for f in dataclasses.fields(args) if f.name in given_fields(type(args))]  # in the flags' order
+    kept = {name: (getattr(saved, name), getattr(args, name)) for name in given if name not in TOLERATED
+            and name != "total_timesteps" and getattr(args, name) != getattr(saved, name)}  # fmt: skip
+    if kept:
+        listed = ", ".join(f"{flag(name)} {before} (not {after})" for name, (before, after) in kept.items())
+        raise FlagError(f"--resume {args.resume} continues a run trained with {listed}: a run's results come from one "
+                        "set of flags; drop those flags, or start a new run")  # fmt: skip
+    changes = {name: getattr(args, name) for name in given if name in TOLERATED or name == "total_timesteps"}
+    return dataclasses.replace(saved, **changes | {"resume": args.resume})
 
 
 def env_states_of(checkpoint: dict, rank: int = 0) -> bytes | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import fcntl
 import itertools
 import math
 import os
@@ -72,7 +73,7 @@ def check_flags(args: Any, rules: list[tuple[str, bool, str]]) -> None:
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
-    check_installed(args, {"capture_video": ("moviepy", "video"), "track": ("wandb", "wandb")})
+    check_installed(args, {"capture_video": "moviepy", "track": "wandb"})
     if hasattr(args, "num_workers"):
         try:
             check_layout(args.num_workers, args.step_timeout, args.max_restarts, spell=flag)
@@ -109,6 +110,14 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
 ]
 
 
+def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
+    """The fields of args_type whose flags the command line gives (--norm-obs and --no-norm-obs both give norm_obs)."""
+    spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
+    spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
+    return {spelled[word.split("=", 1)[0]] for word in (sys.argv[1:] if argv is None else argv) if
+            word.split("=", 1)[0] in spelled}  # fmt: skip
+
+
 def check_bool_values(args_type: type, argv: list[str]) -> None:
     """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): bool flags are
     switches here, `--flag` or `--no-flag`."""
@@ -122,13 +131,13 @@ def check_bool_values(args_type: type, argv: list[str]) -> None:
                             f"{off} to turn it off")  # fmt: skip
 
 
-def check_installed(args: Any, needs: dict[str, tuple[str, str]]) -> None:
-    """FlagError for a flag that is on while the module it needs is missing: needs = {field: (module, extra)}."""
+def check_installed(args: Any, needs: dict[str, str]) -> None:
+    """FlagError for a flag that is on while the package it needs is missing: needs = {field: package}."""
     import importlib.util
 
-    for name, (module, extra) in needs.items():
-        if getattr(args, name, False) and importlib.util.find_spec(module) is None:
-            raise FlagError(f"{flag(name)} needs {module}, which is not installed: pip install -e '.[{extra}]'")
+    for name, package in needs.items():
+        if getattr(args, name, False) and importlib.util.find_spec(package) is None:
+            raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
 
 
 def check_env_id(env_id: str) -> None:
@@ -142,14 +151,16 @@ def check_env_id(env_id: str) -> None:
     gym.register_envs(ale_py)  # Atari ids are known, so a script can say which one they are for
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner on every Atari env built
     module, _, name = env_id.rpartition(":")
+    if module and os.getcwd() not in sys.path:  # the working directory too, as `python -m` would: a module beside you
+        sys.path.insert(1, os.getcwd())  # (sys.path[0] is the script's folder; workers and the probe get this path)
     try:
         if module:
             importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - the user's module: say what went wrong in it, in one line
         hint = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]:
-            hint = (f"; {module} must be importable from here: run from the folder that holds it, add that folder to "
-                    "PYTHONPATH, or pip install its package")  # fmt: skip
+            hint = (f"; it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: run from the "
+                    "folder that holds it, add that folder to PYTHONPATH, or pip install its package")  # fmt: skip
         raise FlagError(f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}") from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
@@ -164,9 +175,13 @@ def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[st
     --env-id if it fails."""
     check_env_id(env_id)
     try:
-        return layout_choice.probe(make, bound, None, steps=False, interrupt=stops.request)
+        return layout_choice.probe(make, bound, None, steps=False, interrupt=stops.request, check_api=True)
+    except layout_choice.OldApi as exc:
+        raise FlagError(f"--env-id {env_id} follows the old gym API ({exc}); the scripts need gymnasium's: "
+                        "reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, "
+                        "truncated, info)") from None  # fmt: skip
     except layout_choice.ProbeFailed as exc:  # a missing extra (box2d, mujoco), a broken env, a wrapper refusing it
-        raise FlagError(f"--env-id {env_id} cannot be built here: {exc.summary}") from None
+        raise FlagError(f"--env-id {env_id} cannot be {exc.done} here: {exc.summary}") from None
     except TimeoutError:
         raise FlagError(f"--env-id {env_id}: building the env did not finish within {bound:g} s") from None
 
@@ -177,8 +192,8 @@ def given_flags() -> set[str]:
 
 
 def make_run_dir(args: Any, root: str = "runs") -> Path:
-    """Creates runs/{env_id}__{exp_name}__{seed}__{unix time}, with -2, -3, ... appended if that exists already, and
-    writes the flags into it (args.json); RunError in one line if the folder cannot be made here."""
+    """Creates runs/{env_id}__{exp_name}__{seed}__{unix time}, with -2, -3, ... appended if that exists already, holds
+    it (`hold`) and writes the flags into it (args.json); RunError in one line if the folder cannot be made here."""
     base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
         Path(root).mkdir(exist_ok=True)
@@ -186,6 +201,7 @@ def make_run_dir(args: Any, root: str = "runs") -> Path:
             path = Path(root) / (base if k == 1 else f"{base}-{k}")
             with contextlib.suppress(FileExistsError):
                 path.mkdir()  # atomic: two runs starting in the same second never share a folder
+                hold(path)
                 write_args(path, args)
                 return path
     except OSError as exc:  # read-only, full, or `runs` is a file
@@ -195,32 +211,70 @@ def make_run_dir(args: Any, root: str = "runs") -> Path:
     raise RunError(f"no free run folder name under {root}/{base}")
 
 
+_held: list[int] = []  # the lock of the run folder this process writes: held until the process ends, however
+
+
+def hold(run_dir: Path) -> None:
+    """Makes this process the one writer of run_dir: an exclusive lock on run_dir/.lock, which the kernel releases
+    however the process ends. FlagError naming the process that holds it already (nothing is started)."""
+    fd = os.open(run_dir / results.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FlagError(f"{run_dir} is being written by process {results.writer(run_dir)}: a run has one writer at "
+                        "a time; wait for it to end, or stop it") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held.append(fd)
+
+
 def begin(checkpoints: Any, args: Any, same: dict[str, Any], num_iterations: int, is_main: bool = True) -> tuple:
     """A new run, or the one --resume names: (the checkpoint resumed from, its modules loaded, or None; the first
     iteration to do; the run folder, None on ranks other than 0; the Progress counter). `same`: the sizes a resumed
     run cannot change (Checkpoints.resume)."""
     checkpoint = checkpoints.resume(args.resume, same, num_iterations) if args.resume else None
     start_iteration = checkpoint["iteration"] + 1 if checkpoint else 1
+    run_dir = run_folder(args, checkpoint) if is_main else None
+    earlier = (results.read_json(run_dir / "summary.json") or {}) if checkpoint and run_dir else {}
     steps = checkpoints.steps_per_iteration
-    progress = Progress(num_iterations * steps, (start_iteration - 1) * steps, speaks=is_main, resumed=checkpoint)
-    return checkpoint, start_iteration, run_folder(args) if is_main else None, progress
+    progress = Progress(num_iterations * steps, (start_iteration - 1) * steps, speaks=is_main, resumed=checkpoint,
+                        earlier=earlier)  # fmt: skip
+    return checkpoint, start_iteration, run_dir, progress
 
 
-def run_folder(args: Any) -> Path:
-    """The run's folder: a new one (make_run_dir), or with --resume the checkpoint's, its args.json rewritten."""
+def run_folder(args: Any, checkpoint: dict | None = None) -> Path:
+    """The run's folder: a new one (make_run_dir), or with --resume the checkpoint's, held (`hold`), its args.json
+    rewritten with this resume recorded."""
     if args.resume is None:
         return make_run_dir(args)
     run_dir = Path(args.resume).parent
+    hold(run_dir)
     try:
-        write_args(run_dir, args)
+        write_args(run_dir, args, checkpoint)
     except OSError as exc:
         raise RunError(f"cannot write into {run_dir} ({exc.strerror}): a resumed run goes on in its folder") from None
     return run_dir
 
 
-def write_args(run_dir: Path, args: Any) -> None:
-    """args.json: the flags, readable without TensorBoard (a resumed run writes the flags it was resumed with)."""
-    results.write_json(run_dir / "args.json", {"script": Path(sys.argv[0]).name, **dataclasses.asdict(args)})
+def write_args(run_dir: Path, args: Any, resumed: dict | None = None) -> None:
+    """args.json: the flags the run is trained with (the same on every resume but TOLERATED ones and a larger
+    --total-timesteps; as they took effect: ppo_vec.py's norm_obs is false for Discrete actions), the script's
+    defaults, the fields its first command line gave (with the defaults, what the run was asked for: its identity,
+    results.asked), and each resume: when, from which iteration and step, and which flags it changed."""
+    path = run_dir / "args.json"
+    flags = dataclasses.asdict(args)
+    record = {"script": Path(sys.argv[0]).name, **flags, "defaults": dataclasses.asdict(type(args)()),
+              "given": sorted(given_fields(type(args))), "resumes": []}  # fmt: skip
+    if resumed is not None:
+        earlier = results.read_json(path) or {}
+        record["given"] = earlier.get("given", record["given"])  # what the run was started with
+        changed = {name: [earlier.get(name), value] for name, value in flags.items()
+                   if name != "resume" and name in earlier and earlier[name] != value}  # fmt: skip
+        record["resumes"] = [*earlier.get("resumes", []), {
+            "at": time.strftime("%Y-%m-%d %H:%M:%S"), "from_iteration": resumed["iteration"],
+            "from_step": resumed["global_step"], "changed": changed}]  # fmt: skip
+    results.write_json(path, record)
 
 
 def vec_env_options(args: Any, cores: int | None = None) -> dict[str, Any]:
@@ -265,9 +319,11 @@ def open_writer(run_dir: Path | None, args: Any, purge_step: int | None = None) 
     return writer
 
 
-def announce(what: str, run_dir: Path) -> None:
-    """The start-up line: what runs where, and where its results go."""
-    print(f"{what}; results in {run_dir} (view with: tensorboard --logdir {run_dir.parent})", flush=True)
+def announce(what: str, run_dir: Path, resumed: dict | None = None) -> None:
+    """The start-up line: what runs where, where its results go, and where a resumed run goes on from."""
+    if resumed is not None:
+        what += f"; resuming from iteration {resumed['iteration']} (step {resumed['global_step']})"
+    print(f"{what}; results in {run_dir}", flush=True)
 
 
 def hms(seconds: float) -> str:
@@ -282,11 +338,14 @@ class Progress:
     run ends at (whole iterations: --total-timesteps rounded down to a multiple of the batch)."""
 
     def __init__(self, last_step: int, first_step: int = 0, every: float = 2.0, speaks: bool = True,
-                 resumed: dict | None = None):  # fmt: skip
+                 resumed: dict | None = None, earlier: dict | None = None):  # fmt: skip
         self.last_step, self.first_step, self.every, self.speaks = last_step, first_step, every, speaks
         self.global_step = first_step
         self.recent_returns = collections.deque((resumed or {}).get("recent_returns", []), maxlen=20)  # a checkpoint's
         self.start = self.last_print = time.time()
+        # the run's earlier segments (a resumed run: its summary.json), for figures over the whole run
+        self.earlier_seconds = (earlier or {}).get("seconds", 0.0)
+        self.segments = earlier.get("segments", 1) + 1 if earlier else 1
 
     def sps(self, global_step: int) -> int:
         """Env steps per second since the first step of this process."""
@@ -324,11 +383,19 @@ class Progress:
             print(self.line(global_step, timings), flush=True)
 
     def figures(self) -> dict[str, Any]:
-        """What a summary and the closing line say: steps, wall time and SPS of this process, the last-20 return."""
-        seconds = time.time() - self.start
-        return {"global_step": self.global_step, "last_step": self.last_step, "seconds": round(seconds, 1),
-                "sps": self.sps(self.global_step), "episodic_return_last_20": self.mean_return(),
-                "episodes_in_that_mean": len(self.recent_returns)}  # fmt: skip
+        """What a summary and the closing line say, over all the run's segments (it was resumed segments - 1 times):
+        steps, wall time, SPS, the last-20 return."""
+        seconds = self.earlier_seconds + time.time() - self.start
+        done = self.global_step - (0 if self.earlier_seconds else self.first_step)  # steps of the time counted
+        return {
+            "global_step": self.global_step,
+            "last_step": self.last_step,
+            "seconds": round(seconds, 1),
+            "sps": int(done / max(seconds, 1e-9)),
+            "segments": self.segments,
+            "episodic_return_last_20": self.mean_return(),
+            "episodes_in_that_mean": len(self.recent_returns),
+        }
 
 
 @contextlib.contextmanager
@@ -406,6 +473,7 @@ class Run:
     def __init__(self, script: str, run_dir: Path | None, checkpoints: Any, progress: Progress):
         self.script, self.run_dir, self.checkpoints, self.progress = script, run_dir, checkpoints, progress
         self.checkpoint = None if run_dir is None else run_dir / "checkpoint.pt"
+        self.layout: str | None = None  # where the envs step, and why (SubprocVecEnv.layout): in summary.json
 
     def stop_requested(self) -> bool:
         """True once this process was asked to stop (SIGINT or SIGTERM): the rollout ends early."""
@@ -438,23 +506,26 @@ class Run:
         return str(path)
 
     def summarize(self, status: str) -> dict[str, Any]:
-        saved = self.checkpoints.last
+        on_disk = self.checkpoint.exists()
         summary = {"script": self.script, "status": status, **self.progress.figures(),
-                   "checkpoint": str(self.checkpoint) if self.checkpoint.exists() else None,
-                   "checkpoint_iteration": saved["iteration"] if saved else None}  # fmt: skip
+                   "checkpoint": str(self.checkpoint) if on_disk else None,
+                   "checkpoint_iteration": self.checkpoints.iteration_in(self.checkpoint) if on_disk else None,
+                   "layout": self.layout}  # fmt: skip
         results.write_json(self.run_dir / "summary.json", summary)
         return summary
 
 
 @contextlib.contextmanager
-def ending(script: str, run_dir: Path | None, checkpoints: Any, progress: Progress) -> Iterator[Run]:
+def ending(script: str, run_dir: Path | None, checkpoints: Any, progress: Progress, layout: str | None = None
+           ) -> Iterator[Run]:  # fmt: skip
     """The one place a run ends, however it ends. Stopped (at a safe point, after SIGINT/SIGTERM), an env failure or a
     lost rank: the last snapshot is saved, unless checkpoint.pt holds it already (an env failure first waits up to a
     second for a stop: a scheduler signals every process of a job, and the env's helper it killed may make the env
     fail a moment before the trainer's own signal arrives). Then, on rank 0 (run_dir not None): summary.json,
     curve.png and the closing line, which `run` prints last. Put it before the writer in the `with`, so the events are
-    flushed when the curve is drawn. Saving waits on no env worker."""
+    flushed when the curve is drawn. Saving waits on no env worker. `layout`: where the envs step (summary.json)."""
     run, status = Run(script, run_dir, checkpoints, progress), "failed"
+    run.layout = layout
     try:
         yield run
         status = "done"
@@ -497,17 +568,28 @@ def _close_run(run: Run, status: str) -> None:
     figures = (f"{steps} in {hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
                f"{'n/a' if mean is None else f'{mean:.1f}'}")  # fmt: skip
     where = f"results in {run.run_dir} (tensorboard --logdir {run.run_dir.parent})"
-    if summary["checkpoint"]:
-        go_on = status != "done"
-        how = "continue with: python {} --resume {}" if go_on else "evaluate with: python {} --eval-checkpoint {}"
-        where += "; " + how.format(run.script, summary["checkpoint"])
+    if summary["checkpoint"] and status != "done":
+        where += f"; continue with: {command(resume=True)} --resume {summary['checkpoint']}"
+    elif summary["checkpoint"]:
+        where += f"; evaluate with: {command()} --eval-checkpoint {summary['checkpoint']}"
     _closing.append((f"{run.script}: {status}: {figures}; {where}", status != "done"))
 
 
+def command(resume: bool = False) -> str:
+    """How to run this script again from here: its path as it was typed (a copied script, another folder), under
+    torchrun for a job of several ranks that goes on (`resume`)."""
+    path = sys.argv[0]
+    if resume and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"torchrun <the same torchrun options> {path}"
+    return f"python {path}"
+
+
 def _end_with_launcher() -> None:
-    """Under torchrun: SIGTERM to this rank when its launcher dies (SIGKILL included), so the rank stops through the
-    normal path instead of training on alone. Linux only."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+    """Under torchrun, or a launcher that sets END_WITH_PARENT (a sweep): SIGTERM to this run when its launcher dies
+    (SIGKILL included), so the run stops through the normal path (and saves) instead of training on alone. Linux
+    only."""
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get(results.END_WITH_PARENT) == "1"
+    if not launched or not sys.platform.startswith("linux"):
         return
     import ctypes
 

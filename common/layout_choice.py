@@ -66,7 +66,12 @@ class ProbeFailed(Exception):
 
     def __init__(self, phase: str, summary: str):
         super().__init__(f"{summary} during '{phase}'")
-        self.phase, self.summary = phase, summary
+        self.phase, self.summary = phase, summary.strip().splitlines()[0] if summary.strip() else summary
+        self.done = {"make": "built", "start": "built", "reset": "reset", "step": "stepped"}.get(phase, phase)
+
+
+class OldApi(Exception):
+    """The env answers as gym before 0.26 did: reset without seed, or returning an observation alone; a 4-tuple step."""
 
 
 def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
@@ -75,15 +80,16 @@ def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
 
 
 def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps: bool = True,
-          interrupt: Any = None) -> dict[str, Any]:  # fmt: skip
+          interrupt: Any = None, check_api: bool = False) -> dict[str, Any]:  # fmt: skip
     """Builds env_fn() in a probe process and, with `steps` and a trusted env, times its steps (CPU seconds, random
     actions). Returns {"spaces", "raw_spaces" (the unwrapped env's), "origin" (the class of the env and of each
     wrapper, outermost first), "trusted", "step" (None if not timed; inf past STEP_DECIDE)}. ProbeFailed if env code
     raised or the probe died; WorkerTimeout (naming env `index`) if building took more than `bound` seconds; the
-    interrupt's exception (SubprocVecEnv's `interrupt`) if it fires."""
+    interrupt's exception (SubprocVecEnv's `interrupt`) if it fires. With `check_api`, the env is reset and stepped
+    once, bounded as building is (OldApi for gym's old API)."""
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
-            "registry": _registry(), "trusted": TRUSTED}  # fmt: skip
+            "registry": _registry(), "trusted": TRUSTED, "check_api": check_api}  # fmt: skip
     with stop_signals_blocked():
         proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, pass_fds=[child.fileno()],
@@ -107,6 +113,8 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps:
             kind, value = pickle.loads(msg)
             if kind == "error":
                 raise ProbeFailed(value[1], value[2])
+            if kind == "old api":
+                raise OldApi(value)
             if kind == "ready":  # the probe has started: from now on the env's own work is timed
                 phase, deadline = "make", time.monotonic() + bound
             elif kind == "made" and steps and value["trusted"]:
@@ -179,6 +187,13 @@ def probe_main(data: dict) -> None:
         found = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"]),
                  "raw_spaces": (env.unwrapped.observation_space, env.unwrapped.action_space),
                  "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]}  # fmt: skip
+        if data["check_api"]:
+            phase = "reset"
+            old = _old_api(env)
+            if old:
+                conn.send(pickle.dumps(("old api", old)))
+                os._exit(0)
+            phase = "make"
         conn.send(pickle.dumps(("made", found), pickle.HIGHEST_PROTOCOL))
         if data["steps"] and found["trusted"]:
             phase = "reset"
@@ -188,6 +203,24 @@ def probe_main(data: dict) -> None:
     except Exception as exc:  # noqa: BLE001 - env code: reported in one line, the caller decides what it means
         conn.send(pickle.dumps(("error", error_report(0, phase, exc))))
     os._exit(0)  # no env.close(): whatever the env started ends with this process group
+
+
+def _old_api(env: gym.Env) -> str | None:
+    """How the env answers a reset and a step as gym's old API did (None if it answers as gymnasium's); an error
+    that is not about the API is raised."""
+    base = env.unwrapped  # below gymnasium's checking wrappers, which turn an old answer into warnings and errors
+    try:
+        answer = base.reset(seed=0)
+    except TypeError as exc:
+        if "seed" in str(exc):
+            return "its reset takes no seed"
+        raise
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)):
+        return "its reset returned an observation alone, not (obs, info)"
+    answer = base.step(base.action_space.sample())
+    if not (isinstance(answer, tuple) and len(answer) == 5):
+        return f"its step returned {len(answer) if isinstance(answer, tuple) else 'no'} values, not 5"
+    return None
 
 
 def cpu_per_step(env: gym.Env) -> float:

@@ -407,3 +407,19 @@ class FailsLater(CounterEnv):
 
 for _fault in ("hang", "segfault", "exit"):
     gym.register(f"FailsLater-{_fault}-v0", entry_point=FailsLater, kwargs={"fault": _fault}, max_episode_steps=200)
+
+
+class OldApiEnv(gym.Env):
+    """An env written for gym before 0.26: reset() without a seed, returning the observation alone; a 4-tuple step."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self):
+        return np.zeros(2, np.float32)
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, {}
+
+
+gym.register("OldApi-v0", entry_point=OldApiEnv, max_episode_steps=10)

@@ -53,7 +53,10 @@ CASES = [
     (VEC, ["--env-id", "ALE/Breakout-v5"], "(210, 160, 3), uint8); ppo_vec.py needs ones that flatten to a vector"),
     (VEC, ["--env-id", "tests.envs:SequenceObs-v0"], "has observations Sequence(Discrete(3), stack=False); ppo_vec"),
     (VEC, ["--env-id", "CartPole-v1", "--norm-obs"], "--norm-obs normalizes the observations of Box-action envs; Car"),
-    (VEC, ["--env-id", "my_envs:MyEnv-v0"], "my_envs must be importable from here: run from the folder that holds it"),
+    (VEC, ["--env-id", "my_envs:MyEnv-v0"], "it is looked for in {cwd}, in the script's folder and on PYTHONPATH: run"),
+    (VEC, ["--env-id", "tests.envs:OldApi-v0"], "follows the old gym API (its reset takes no seed); the scripts need "
+     "gymnasium's: reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, truncated, "
+     "info)"),
     (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari env id"),
     (VEC, ["--step-timeout", "inf"], "--step-timeout must be a finite number, got inf"),
     (ATARI, ["--step-timeout", "1e300"], "--step-timeout must be in (0, 604800] seconds"),
@@ -102,7 +105,7 @@ def test_bad_input_is_one_line_and_starts_nothing(outcomes, script, flags, messa
     out, files = results[" ".join([script.stem, *flags])]
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(f"{script.name}: error: "), out.stderr
-    assert message in out.stderr, out.stderr
+    assert message.format(cwd=files) in out.stderr, out.stderr
     assert out.stdout == ""
     assert not (files / "runs").exists()
     assert not leftovers(before)

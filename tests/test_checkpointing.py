@@ -20,6 +20,8 @@ from common.checkpointing import Checkpoints
 from common.experiment import FlagError, RunError
 from tests.helpers import REPO
 
+RNG = np.random.default_rng(0).bit_generator.state  # a generator's state, as the scripts snapshot it
+
 
 @dataclasses.dataclass
 class Flags:
@@ -118,7 +120,7 @@ def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
 def test_resume_refuses_other_sizes_and_says_when_a_run_is_finished(tmp_path):
     model = torch.nn.Linear(2, 1)
     checkpoints = Checkpoints("s.py", Flags(), {"model": model}, steps_per_iteration=32, world_size=2)
-    checkpoints.snapshot(5, rng=[None, None])
+    checkpoints.snapshot(5, rng=[RNG, None])
     path = checkpoints.save(tmp_path / "checkpoint.pt")
     with pytest.raises(FlagError, match="was written with --num-envs 4; resume it with 4, not 8"):
         checkpoints.resume(str(path), {"num_envs": 8}, num_iterations=10)
@@ -143,7 +145,7 @@ def test_resume_refuses_other_sizes_and_says_when_a_run_is_finished(tmp_path):
 def test_a_checkpoint_missing_an_entry_is_one_line(tmp_path, entry):
     modules = {"model": torch.nn.Linear(2, 1), "scaler": torch.nn.Linear(1, 1)}
     checkpoints = Checkpoints("s.py", Flags(), modules, 32)
-    checkpoints.snapshot(5, rng=[None])
+    checkpoints.snapshot(5, rng=[RNG])
     path = tmp_path / "checkpoint.pt"
     state = dict(checkpoints.last)
     del state[entry]
@@ -159,13 +161,13 @@ def test_a_save_writes_the_last_snapshot_whatever_the_weights_are_doing(tmp_path
     weights being changed are not what is written."""
     model = torch.nn.Linear(2, 1)
     checkpoints = Checkpoints("s.py", Flags(), {"model": model}, 32)
-    checkpoints.snapshot(4, rng=[None])
+    checkpoints.snapshot(4, rng=[RNG])
     weights_after_4 = model.weight.detach().clone()
     with torch.no_grad():
         model.weight.add_(1.0)  # iteration 5's update, under way
     saved = torch.load(checkpoints.save(tmp_path / "checkpoint.pt"), weights_only=True)
     assert saved["iteration"] == 4 and torch.equal(saved["model"]["weight"], weights_after_4)
-    checkpoints.snapshot(5, rng=[None])
+    checkpoints.snapshot(5, rng=[RNG])
     saved = torch.load(checkpoints.save(tmp_path / "checkpoint.pt", env_states=[b"envs"]), weights_only=True)
     assert saved["iteration"] == 5 and torch.equal(saved["model"]["weight"], weights_after_4 + 1)
     assert checkpointing.env_states_of(saved) == b"envs"
@@ -173,7 +175,7 @@ def test_a_save_writes_the_last_snapshot_whatever_the_weights_are_doing(tmp_path
 
 def test_evaluating_another_env_than_the_checkpoints_is_refused(tmp_path, monkeypatch):
     checkpoints = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(2, 1)}, 32)
-    checkpoints.snapshot(1, rng=[None])
+    checkpoints.snapshot(1, rng=[RNG])
     path = str(checkpoints.save(tmp_path / "checkpoint.pt"))
     monkeypatch.setattr(sys, "argv", ["s.py", "--eval-checkpoint", path, "--env-id", "Acrobot-v1"])
     with pytest.raises(FlagError, match=r"holds a policy for CartPole-v1, not --env-id Acrobot-v1: drop --env-id"):

@@ -103,8 +103,11 @@ def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
     out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1024", "--seed", "3"], tmp_path)
     assert out.returncode == 0, out.stderr
     run_dir = only_run_dir(tmp_path)
-    assert out.stdout.startswith("ppo_vec.py: CartPole-v1, 4 envs in ")
-    assert f"results in runs/{run_dir.name} (view with: tensorboard --logdir runs)" in out.stdout.splitlines()[0]
+    assert out.stdout.startswith("ppo_vec.py: CartPole-v1, 4 envs in this process, agent on cpu; results in runs/")
+    assert len(out.stdout.splitlines()[0]) <= 160  # the probe's figures are in summary.json's layout
+    assert json.loads((run_dir / "summary.json").read_text())["layout"].startswith("4 envs in this process (gymnas")
+    assert json.loads((run_dir / "args.json").read_text())["norm_obs"] is False  # as it took effect: Discrete
+    assert out.stdout.splitlines()[0].endswith(f"; results in runs/{run_dir.name}")
     progress = [line for line in out.stdout.splitlines() if line.startswith("global_step=")]
     assert progress and progress[-1].startswith("global_step=1024/1024 SPS=")
     assert re.search(r"episodic_return=\d+\.\d \(last 20\) elapsed=0:00:\d\d ETA=0:00:00 \[env ", progress[-1])
@@ -125,7 +128,7 @@ def test_a_run_leaves_its_results_and_says_how_it_ended(tmp_path):
     assert lines[-2].startswith("global_step=896/896 SPS=")
     assert re.fullmatch(rf"ppo_vec.py: done: 896 of 896 steps in 0:00:\d\d \(\d+ SPS\), last-20 return \d+\.\d; "
                         rf"results in runs/{run_dir.name} \(tensorboard --logdir runs\); evaluate with: python "
-                        rf"ppo_vec.py --eval-checkpoint runs/{run_dir.name}/checkpoint.pt", lines[-1])  # fmt: skip
+                        rf"{SCRIPT} --eval-checkpoint runs/{run_dir.name}/checkpoint.pt", lines[-1])  # fmt: skip
     assert {p.name for p in run_dir.iterdir()} >= {"args.json", "summary.json", "checkpoint.pt", "curve.png"}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["global_step"] == 896 and summary["checkpoint_iteration"] == 7
@@ -145,7 +148,7 @@ def test_a_failed_run_saves_its_last_iteration_and_says_so(tmp_path):
     run_dir = only_run_dir(tmp_path)
     assert "ppo_vec.py: error: env " in out.stderr and "raised ValueError: boom" in out.stderr  # at its 70th step
     assert out.stderr.splitlines()[-1].startswith("ppo_vec.py: failed: 256 of 2048 steps in ")
-    assert out.stderr.endswith(f"; continue with: python ppo_vec.py --resume runs/{run_dir.name}/checkpoint.pt\n")
+    assert out.stderr.endswith(f"; continue with: python {SCRIPT} --resume runs/{run_dir.name}/checkpoint.pt\n")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["checkpoint_iteration"] == 2  # the last whole iteration
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] == 2

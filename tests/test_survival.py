@@ -196,7 +196,7 @@ def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap)
     assert proc.returncode == 143, stderr
     assert "WorkerError" not in stderr and "was killed" not in stderr
     assert stderr.splitlines()[-1].startswith("ppo_vec.py: stopped by SIGTERM: ")
-    assert "continue with: python ppo_vec.py --resume runs/" in stderr
+    assert f"continue with: python {VEC} --resume runs/" in stderr
     checkpoint = only_run_dir(tmp_path) / "checkpoint.pt"
     total = torch.load(checkpoint, weights_only=True)["global_step"] + 2 * 128
     out = run_script(VEC, [*args, "--total-timesteps", total, "--resume", checkpoint], tmp_path, timeout=300,

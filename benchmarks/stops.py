@@ -180,9 +180,13 @@ def one_stop(case: Case, total: int, seconds: float, rng: random.Random, sig: si
         delay = rng.uniform(0.0, seconds)
         time.sleep(delay)
         pids = family(proc)
-        if proc.poll() is not None:
-            proc.communicate()
-            return {"outcome": "finished first", "delay": delay}
+        if proc.poll() is not None:  # before the signal: finished, or failed (a failure of its own)
+            _, err = proc.communicate()
+            if proc.returncode == 0:
+                return {"outcome": "finished first", "delay": delay}
+            return {"outcome": f"failed before the signal, exit {proc.returncode}: {err.strip().splitlines()[-3:]}",
+                    "delay": delay, "seconds": 0.0, "exit": proc.returncode, "signal": sig.name,
+                    "iterations_logged": 0}  # fmt: skip
         first = send(case, proc, sig, rng)
         pids |= family(proc)
         done = ended(proc, pids, first + GIVE_UP)
@@ -203,7 +207,7 @@ def one_stop(case: Case, total: int, seconds: float, rng: random.Random, sig: si
         run_dir = run_dir_of(cwd)
         summary_file = run_dir / "summary.json" if run_dir else None
         summary = json.loads(summary_file.read_text()) if summary_file and summary_file.exists() else {}
-        if proc.returncode == 0 and summary.get("status") == "done":
+        if summary.get("status") == "done":  # the signal came as the run (or torchrun, after it) was ending
             return {"outcome": "finished first", "delay": delay}
         if case.ranks == 1 and proc.returncode not in (128 + sig, -sig):  # -sig: before Python set its handlers
             problems.append(f"exit {proc.returncode}: {err.strip().splitlines()[-1:] if err.strip() else ''}")

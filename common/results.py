@@ -2,7 +2,8 @@
 
 runs/<run>/
     events.out.tfevents.*   TensorBoard scalars (CleanRL's tags)
-    args.json               the flags the run was started (or last resumed) with
+    args.json               the flags the run is trained with, the script's defaults, and each resume
+    .lock                   held by the process that writes the run, while it lives
     summary.json            how it ended: status, steps, wall time, SPS, last-20 return; updated at each checkpoint
     checkpoint.pt           the last checkpoint: periodic, final, or written by a stop or an env failure
     curve.png               episodic return against global step (matplotlib)
@@ -10,10 +11,50 @@ runs/<run>/
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+LOCK = ".lock"  # in a run folder: locked by the one process that writes the run, its pid inside
+END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # "1": the run stops (and saves) when the process that started it dies
+
+# Flags that change nothing a run learns. A run may go on with other values of them (--resume), and a sweep reuses a
+# run made with other values of them; every other flag is part of what the run's results are of, except
+# --total-timesteps, which may grow (a resumed or re-swept run is extended in its folder).
+TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "max_restarts", "num_threads", "cuda",
+                       "backend", "device_ids", "track", "wandb_project_name", "wandb_entity", "capture_video",
+                       "save_model", "eval_episodes", "eval_checkpoint", "resume"})  # fmt: skip
+
+
+def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{field: (its value in flags, in other)} for each flag of `flags` that changes results (neither TOLERATED nor
+    total_timesteps) and has another value in `other`."""
+    return {name: (value, other.get(name)) for name, value in flags.items()
+            if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value}  # fmt: skip
+
+
+def asked(saved: dict[str, Any]) -> dict[str, Any]:
+    """What a run was asked for, from its args.json: the script's defaults and the flags its command line gave (a
+    flag's effect, such as norm_obs off for Discrete actions, is not what was asked)."""
+    return {**saved.get("defaults", {}), **{name: saved[name] for name in saved.get("given", []) if name in saved}}
+
+
+def writer(run_dir: Path) -> int | None:
+    """The pid of the live process that writes run_dir (it holds run_dir/.lock), or None: how a run still running
+    is told from one that ended, whatever its summary.json says."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return int(os.read(fd, 32).split()[0] or 0) or -1
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

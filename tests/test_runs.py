@@ -1,0 +1,361 @@
+"""A run folder is the truth: one writer at a time, the flags the run was trained with, resumes that continue the run
+they name, and sweeps and reports that show only what ran."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from common import checkpointing, experiment, results, sweep
+from common.checkpointing import Checkpoints
+from common.experiment import FlagError, RunError
+from tests.helpers import REPO, alive, only_run_dir, read_scalars, run_command, run_script
+
+VEC = REPO / "ppo_vec.py"
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--num-workers", "0"]
+
+
+@dataclasses.dataclass
+class Flags:
+    exp_name: str = "exp"
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    learning_rate: float = 2.5e-4
+    gamma: float = 0.99
+    norm_obs: bool = True
+    total_timesteps: int = 1000
+    checkpoint_interval: int = 0
+    device_ids: list[int] = dataclasses.field(default_factory=list)
+    resume: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------- a run's identity
+def write_folder(runs, name, given=None, status="done", global_step=1000, **flags) -> object:
+    """A run folder as a script leaves it (its seed the one its name says, given as a sweep gives it): args.json
+    (flags, defaults, what its command line gave), summary.json, a checkpoint file."""
+    folder = runs / name
+    folder.mkdir(parents=True)
+    flags["seed"] = int(name.split("__")[2])
+    given = sorted(flags) if given is None else [*given, "seed"]
+    record = {"script": "s.py", **dataclasses.asdict(Flags(**flags)), "defaults": dataclasses.asdict(Flags()),
+              "given": given, "resumes": []}  # fmt: skip
+    results.write_json(folder / "args.json", record)
+    results.write_json(folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000})
+    (folder / "checkpoint.pt").write_bytes(b"")
+    return folder
+
+
+def test_flags_are_read_as_the_script_would_read_them():
+    like = dataclasses.asdict(Flags())
+    words = ["--learning-rate", "1e-3", "--gamma=0.95", "--no-norm-obs", "--device-ids", "0", "1", "--seed", "3",
+             "--resume", "None", "--unknown", "x"]  # fmt: skip
+    assert sweep.parse_flags(words, like) == {"learning_rate": 1e-3, "gamma": 0.95, "norm_obs": False,
+                                              "device_ids": [0, 1], "seed": 3, "resume": None}  # fmt: skip
+
+
+def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
+    runs = tmp_path / "runs"
+    run = sweep.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "500", "--learning-rate", "1e-3"],
+                    str(tmp_path))  # fmt: skip
+    assert run.command()[1] == "start"
+    write_folder(runs, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=500_000)
+    cmd, what = run.command()  # the default rate there: a new run beside it, and why
+    assert cmd and what == ("start (a new run: CartPole-v1__exp__1__1 was made with other flags: --learning-rate "
+                            "0.00025 there, 0.001 here)")  # fmt: skip
+    made = write_folder(
+        runs,
+        "CartPole-v1__exp__1__2",
+        learning_rate=1e-3,
+        total_timesteps=500,
+        norm_obs=False,
+        checkpoint_interval=5,
+        given=["learning_rate", "total_timesteps", "checkpoint_interval"],
+    )
+    # norm_obs false as it took effect (not asked), another --checkpoint-interval (tolerated): the same run
+    assert run.folder() == made and run.command()[1] == "finished before: skipped"
+    run.flags = ["--total-timesteps", "800", "--learning-rate", "0.001"]
+    assert run.command() == ([*run.command()[0][:-2], "--resume", str(made / "checkpoint.pt")], "resume")
+    results.write_json(made / "summary.json", {"status": "stopped by SIGTERM", "global_step": 96})
+    assert run.command()[1] == "resume"
+    experiment.hold(made)  # a live process writes it
+    assert run.command() == ([], f"running in process {os.getpid()}: skipped")
+
+
+def test_one_writer_per_run_folder(tmp_path):
+    assert results.writer(tmp_path) is None
+    experiment.hold(tmp_path)
+    assert results.writer(tmp_path) == os.getpid()
+    with pytest.raises(FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "):
+        experiment.hold(tmp_path)  # another open file: refused, even in the same process
+
+
+def write_events(folder, steps_logged, returns=(1.0,) * 20):
+    writer = SummaryWriter(str(folder))
+    for i, value in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", value, i + 1)
+    for step in steps_logged:
+        writer.add_scalar("losses/value_loss", 0.0, step)
+    writer.close()
+
+
+def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tmp_path):
+    runs = tmp_path / "runs"
+    ok = write_folder(runs, "CartPole-v1__exp__1__1", learning_rate=1e-3)
+    write_events(ok, [500, 1000], returns=[100.0] * 20)
+    truncated = write_folder(runs, "CartPole-v1__exp__2__1", learning_rate=1e-3)
+    write_events(truncated, [500], returns=[7.0] * 20)  # its events end halfway: a damaged file
+    stopped = write_folder(runs, "CartPole-v1__exp__3__1", learning_rate=1e-3, status="stopped by SIGTERM",
+                           global_step=460)  # fmt: skip
+    write_events(stopped, [460], returns=[3.0] * 20)
+    other = write_folder(runs, "CartPole-v1__exp__5__1", learning_rate=0.5)  # other flags: not this sweep's run
+    write_events(other, [1000], returns=[-50.0] * 20)
+    flags = ["--learning-rate", "1e-3"]
+    asked = [sweep.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2, 3, 4, 5)]
+    text = "\n".join(sweep.report(asked, tmp_path / "report"))
+    assert "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
+    assert "- CartPole-v1 seed 2: unreadable: its events end at step 500, its summary at 1000" in text
+    assert "- CartPole-v1 seed 3: unfinished: stopped by SIGTERM at 46%" in text
+    assert "- CartPole-v1 seed 4: missing" in text and "- CartPole-v1 seed 5: missing" in text
+
+
+# --------------------------------------------------------------------------------------------------- the records
+def rng_state():
+    return np.random.default_rng(0).bit_generator.state
+
+
+@pytest.mark.parametrize(("field", "value"), [("rng", "garbage"), ("iteration", -5), ("global_step", 1.5),
+                                              ("rng", [None]), ("world_size", 0)])  # fmt: skip
+def test_a_checkpoint_whose_fields_are_wrong_is_one_line(tmp_path, field, value):
+    checkpoints = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(2, 1)}, 32)
+    checkpoints.snapshot(5, rng=[rng_state()])
+    checkpoints.last[field] = value
+    path = tmp_path / "checkpoint.pt"
+    checkpointing.save_checkpoint(path, checkpoints.last)
+    with pytest.raises(FlagError) as info:
+        checkpoints.resume(str(path), {}, 10)
+    assert str(info.value) == (f"--resume {path} holds a {field} no run of s.py writes: a file edited since, or "
+                               "damaged")  # fmt: skip
+
+
+def test_the_summary_names_the_checkpoint_on_disk_after_a_failed_save(tmp_path, monkeypatch):
+    checkpoints = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(2, 1)}, 32)
+    run = experiment.Run("s.py", tmp_path, checkpoints, experiment.Progress(3200))
+    checkpoints.snapshot(32, rng=[rng_state()])
+    run.save()
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    checkpoints.snapshot(33, rng=[rng_state()])
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(RunError, match="no space left on device"):
+        run.save()
+    monkeypatch.undo()
+    assert run.summarize("stopped by SIGTERM")["checkpoint_iteration"] == 32
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["iteration"] == 32
+
+
+def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
+    flags = Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2)
+    checkpoints = Checkpoints("s.py", flags, {"model": torch.nn.Linear(2, 1)}, 32)
+    checkpoints.snapshot(5, rng=[rng_state()])
+    path = str(checkpoints.save(tmp_path / "checkpoint.pt"))
+
+    def resumed(*argv):
+        monkeypatch.setattr(sys, "argv", ["s.py", *argv])
+        return checkpointing.trained_flags(Flags(**sweep.parse_flags(list(argv), dataclasses.asdict(Flags()))), "s.py")
+
+    assert resumed("--resume", path) == Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2, resume=path)
+    changed = resumed("--resume", path, "--total-timesteps", "5000", "--checkpoint-interval", "0", "--gamma", "0.95")
+    assert (changed.total_timesteps, changed.checkpoint_interval, changed.gamma) == (5000, 0, 0.95)
+    with pytest.raises(FlagError) as info:
+        resumed("--resume", path, "--learning-rate", "0.002", "--seed", "4")
+    assert str(info.value) == (f"--resume {path} continues a run trained with --seed 1 (not 4), --learning-rate 0.001 "
+                               "(not 0.002): a run's results come from one set of flags; drop those flags, or start a "
+                               "new run")  # fmt: skip
+
+
+def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["s.py", "--learning-rate", "0.001"])
+    experiment.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False))
+    monkeypatch.setattr(sys, "argv", ["s.py", "--resume", "x", "--checkpoint-interval", "3"])
+    experiment.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x"),
+                          {"iteration": 7, "global_step": 224})  # fmt: skip
+    saved = json.loads((tmp_path / "args.json").read_text())
+    assert saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
+    assert results.asked(saved)["norm_obs"] is True  # asked for the default; its effect is what the flags say
+    (resume,) = saved["resumes"]
+    assert (resume["from_iteration"], resume["from_step"]) == (7, 224)
+    assert resume["changed"] == {"checkpoint_interval": [0, 3]}
+
+
+def test_the_script_s_float32_observations_say_no_warning():
+    """A float64 Box (Hopper's, a Dict's one-hots) becomes the agent's float32 without gymnasium's "precision lowered"
+    warnings, which the script's own conversion caused."""
+    import ppo_vec
+
+    gym.register("Float64Obs-v0", entry_point=Float64Env)
+    args = ppo_vec.Args(env_id="Float64Obs-v0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = ppo_vec.make_env(args, 0, None)()
+    assert env.observation_space == gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    assert env.reset(seed=0)[0].dtype == np.float32
+    assert [str(w.message) for w in caught] == []
+
+
+class Float64Env(gym.Env):
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(3), {}
+
+    def step(self, action):
+        return np.zeros(3), 0.0, True, False, {}
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def tiny_sweep(cwd, *argv, timeout=300, **popen):
+    cmd = [sys.executable, str(REPO / "common" / "sweep.py"), str(VEC), "--env-ids", "CartPole-v1", *argv]
+    return run_command(cmd, cwd, timeout=timeout)
+
+
+@pytest.mark.e2e
+def test_a_sweep_asked_for_other_flags_than_a_runs_starts_its_own_and_reports_only_it(tmp_path):
+    """The issue's case: a run made with the defaults, then a sweep asking for another rate and gamma from another
+    folder (the sweep run as a file): a new run, said why; the report averages that run alone."""
+    out = run_script(VEC, [*TINY, "--total-timesteps", "256"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    os.rename(tmp_path / "runs", cwd / "runs")
+    flags = ["--seeds", "1", "--report", "report", "--", *TINY, "--total-timesteps", "384", "--learning-rate", "1e-3",
+             "--gamma", "0.95"]  # fmt: skip
+    out = tiny_sweep(cwd, *flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "CartPole-v1 seed 1: start (a new run: CartPole-v1__ppo_vec__1__" in out.stdout
+    assert "was made with other flags: --learning-rate 0.00025 there, 0.001 here, --gamma 0.99 there, 0.95 here)" in (
+        out.stdout
+    )
+    report = (cwd / "report" / "report.md").read_text()
+    (row,) = [line for line in report.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]  # one run: the new one
+    assert "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 " in row
+
+
+@pytest.mark.e2e
+def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
+    """A run with its own flags, stopped: the closing line's command goes on with those flags (not the defaults),
+    says where it resumes from, and its summary counts every segment; another rate is refused in one line."""
+    flags = [*TINY, "--total-timesteps", "30720", "--learning-rate", "0.001", "--gamma", "0.95",
+             "--checkpoint-interval", "2"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(VEC), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("global_step="):
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    command = stderr.strip().splitlines()[-1].split("continue with: ")[1].split()
+    assert command[:2] == ["python", str(VEC)] and command[2] == "--resume", command
+    run_dir = only_run_dir(tmp_path)
+    stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    refused = run_script(VEC, [*command[2:], "--learning-rate", "0.002"], tmp_path)
+    assert refused.returncode == 2 and refused.stderr == (
+        f"ppo_vec.py: error: --resume {command[3]} continues a run trained with --learning-rate 0.001 (not 0.002): a "
+        "run's results come from one set of flags; drop those flags, or start a new run\n"
+    )
+    out = run_command([sys.executable, *command[1:], "--total-timesteps", str(stopped_at["global_step"] + 256)],
+                      tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"; resuming from iteration {stopped_at['iteration']} (step {stopped_at['global_step']}); " in out.stdout
+    saved = json.loads((run_dir / "args.json").read_text())
+    assert (saved["learning_rate"], saved["gamma"], saved["checkpoint_interval"]) == (0.001, 0.95, 2)
+    assert saved["resumes"][0]["changed"] == {"total_timesteps": [30720, stopped_at["global_step"] + 256]}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["segments"] == 2 and summary["global_step"] == stopped_at["global_step"] + 256
+    assert re.search(rf"done: {summary['global_step']} of {summary['global_step']} steps in 0:00:\d\d", out.stdout)
+    lr = dict(read_scalars(run_dir)["charts/learning_rate"])  # 0.001, annealed over the new total's iterations
+    first = stopped_at["iteration"] + 1
+    assert lr[first * 128] == pytest.approx(0.001 * (1 - stopped_at["iteration"] / (first + 1)))
+
+
+@pytest.mark.e2e
+def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
+    """While a run trains, resuming it elsewhere is refused in one line naming its process; a sweep killed with
+    SIGKILL takes its runs with it (they stop, and save)."""
+    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "100000"]
+    flags += ["--checkpoint-interval", "1"]
+    cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", "CartPole-v1", *flags]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while len(list((tmp_path / "runs").glob("*/checkpoint.pt"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # both runs train, and have saved a checkpoint
+    folders = sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*"))
+    writers = [results.writer(folder) for folder in folders]
+    assert len(folders) == 2 and all(writers), writers
+    refused = run_script(VEC, [*TINY, "--resume", folders[0] / "checkpoint.pt"], tmp_path)
+    assert refused.returncode == 2 and f"is being written by process {writers[0]}: a run has one writer" in (
+        refused.stderr
+    )
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in writers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in writers), "the runs outlived their sweep"
+    statuses = [json.loads((folder / "summary.json").read_text())["status"] for folder in folders]
+    assert statuses == ["stopped by SIGTERM"] * 2
+
+
+@pytest.mark.e2e
+def test_two_sweeps_never_train_one_run_twice_and_ctrl_c_stops_a_sweep(tmp_path):
+    flags = ["--seeds", "1", "--", *TINY, "--total-timesteps", "100000"]
+    cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", "CartPole-v1", *flags]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    first, second = (subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True) for _ in range(2))  # fmt: skip
+    deadline = time.monotonic() + 60
+    while first.poll() is None and second.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    done = [proc for proc in (first, second) if proc.poll() is not None]
+    assert len(done) == 1, "none of the sweeps ended: both are training"
+    waiting = first if done[0] is second else second
+    while not list((tmp_path / "runs").glob("CartPole-v1__*/events.*")) and time.monotonic() < deadline + 60:
+        time.sleep(0.1)  # its run trains
+    said = done[0].communicate(timeout=10)[0]
+    assert "CartPole-v1 seed 1: run by another sweep (process" in said and ": skipped" in said, said
+    assert len(list((tmp_path / "runs").glob("CartPole-v1__*"))) == 1
+    os.killpg(waiting.pid, signal.SIGINT)  # Ctrl-C in the sweep's terminal
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 130 and "Traceback" not in err, err
+    assert out.splitlines()[-1] == ("stopped by SIGINT: the runs under way saved their last iteration; the same "
+                                    "command resumes them and starts the rest")  # fmt: skip
+    (folder,) = (tmp_path / "runs").glob("CartPole-v1__*")
+    assert json.loads((folder / "summary.json").read_text())["status"] == "stopped by SIGINT"
+
+
+@pytest.mark.e2e
+def test_a_custom_env_beside_you_is_found_when_the_script_lives_elsewhere(tmp_path):
+    (tmp_path / "my_module.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('MyCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
+        "             max_episode_steps=50)\n"
+    )
+    out = run_script(VEC, ["--env-id", "my_module:MyCartPole-v0", *TINY, "--total-timesteps", "128"], tmp_path)
+    assert out.returncode == 0 and "global_step=128/128" in out.stdout, out.stderr

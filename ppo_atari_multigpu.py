@@ -1,29 +1,40 @@
-"""PPO for Atari, one rank per GPU (or CPU process) under torchrun, gradients averaged by DistributedDataParallel.
+"""PPO for Atari, one rank per GPU (or CPU process) under torchrun, gradients averaged by DDP.
 
-    python ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4                   # one rank, no torchrun needed
-    torchrun --standalone --nproc_per_node=2 ppo_atari_multigpu.py                  # one rank per GPU (gloo on CPU)
-    torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 ppo_atari_multigpu.py
+    python ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4      # one rank, no torchrun
+    torchrun --standalone --nproc_per_node=2 ppo_atari_multigpu.py     # a rank per GPU (or CPU)
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
+        ppo_atari_multigpu.py
     srun torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 --rdzv-backend c10d \\
-        --rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -n1):29400 ppo_atari_multigpu.py
-    python ppo_atari_multigpu.py --resume runs/<run_name>/checkpoint.pt      # continue a stopped (or checkpointed) run
-    python ppo_atari_multigpu.py --eval-checkpoint runs/<run_name>/checkpoint.pt
+        --rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -n1):29400 \\
+        ppo_atari_multigpu.py
+    python ppo_atari_multigpu.py --resume runs/<run>/checkpoint.pt       # go on with a stopped run
+    python ppo_atari_multigpu.py --eval-checkpoint runs/<run>/checkpoint.pt
 
-Each rank steps `local_num_envs` envs, seeded `seed + rank * local_num_envs + i`; `total_timesteps` counts the steps
-of all ranks. Rank 0 alone writes TensorBoard, prints and saves. DeepMind preprocessing in one wrapper, AtariPipeline
-(noop reset, frame skip 4 with max-pool, episodic life, fire on reset, rewards clipped, 84x84 gray, 4 frames); logged
-returns are raw full-game scores. A truncated step is bootstrapped from `V(final_obs)`, as in ppo_vec.py. Ctrl-C or
-SIGTERM writes runs/<run_name>/checkpoint.pt and exits 130 or 143; --checkpoint-interval N writes one every N
-iterations too, from which a resumed run (same flags and world size) continues bit for bit.
+Each rank steps `local_num_envs` envs, seeded `seed + rank * local_num_envs + i`;
+`total_timesteps` counts the steps of all ranks; rank 0 alone logs and saves. DeepMind's
+preprocessing is one wrapper, AtariPipeline (noop reset, frame skip 4 with max-pool, episodic life,
+fire on reset, clipped rewards, 84x84 gray, 4 frames); returns logged are raw full-game scores.
+
+Where it departs from CleanRL's ppo_atari_multigpu.py, and why:
+- Truncation is not termination (as in ppo_vec.py): a time-limit cut is bootstrapped with
+  gamma * V(final_obs); GAE reads ends[t] where CleanRL reads dones[t + 1].
+- DDP averages the gradients (CleanRL all-reduces them by hand); the target_kl early stop is
+  decided on the mean over ranks (one rank stopping alone hangs the others); env seeds never
+  overlap across ranks.
+- Speed: a rollout step only samples actions; log-probs and values come from one batched pass
+  after it; the ALE is driven frame by frame in one wrapper, not seven (the same numbers, tested).
+- Stops, checkpoints, resume and evaluation go through common/run/; ranks agree on a stop once an
+  iteration. A run resumed from a --checkpoint-interval save goes on bit for bit.
 """
 
 import os
 
-# Before torch loads OpenMP: idle OpenMP threads then sleep at once instead of spinning on the env workers' cores.
+# Before torch loads OpenMP: idle OpenMP threads then sleep, not spin on the env workers' cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,10 +45,10 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common import checkpointing, experiment
 from common.atari_wrappers import deepmind
-from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
+from common.run import checkpointing, flags, folder, lifecycle, ranks
+from common.run.errors import FlagError
 
 
 @dataclass
@@ -58,13 +69,13 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """whether to capture videos of rank 0, env 0 into runs/{run_name}/videos (pip install moviepy)"""
+    """whether to capture videos of rank 0, env 0 into runs/{run_name}/videos (needs moviepy)"""
     save_model: bool = False
     """whether to save the final model into runs/{run_name}/, then evaluate it"""
     checkpoint_interval: int = 0
     """write runs/{run_name}/checkpoint.pt every this many iterations (0: only when stopped)"""
     resume: str | None = None
-    """continue the run saved in this checkpoint, in its run folder (same --local-num-envs, --num-steps and ranks)"""
+    """continue the run saved in this checkpoint, in its folder, with its flags (as many ranks)"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint or saved model for --eval-episodes full games instead of training"""
     eval_episodes: int = 10
@@ -114,27 +125,28 @@ class Args:
     num_threads: int | None = None
     """torch CPU threads per rank (None: the rank's share of the cores)"""
     num_workers: int | None = None
-    """env worker processes per rank (0: step the envs in the trainer; None: the rank's share of the cores)"""
+    """env worker processes per rank (0: envs step in the trainer; None: its share of the cores)"""
     max_restarts: int = 0
-    """times a crashed, raising or stuck env worker may be replaced, per rank (its episodes end as truncated)"""
+    """times a crashed, raising or stuck env worker may be replaced, per rank (episodes truncated)"""
     step_timeout: float | None = None
     """seconds an env step may take before its worker counts as stuck (None: no limit)"""
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None, noop_max: int = 30):
-    """A thunk building env `idx` with DeepMind's preprocessing (common/atari_wrappers.py): noop reset, frame skip 4
-    with max-pooling, 84x84 gray, a lost life ends the episode, fire on reset, rewards clipped, 4 frames; the returns it
+    """A thunk building env `idx` with DeepMind's preprocessing (common/atari_wrappers.py): noops,
+    frame skip 4 with max-pooling, 84x84 gray, a lost life ends the episode, fire on reset, rewards
+    clipped, 4 frames; the returns it
     reports are raw full-game scores."""
 
     def thunk():
         gym.register_envs(ale_py)
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every env
         render_mode = "rgb_array" if capture_video and idx == 0 else None
-        # obs_type="ram": no RGB frame copied out per emulated frame (the preprocessing reads the screen itself)
+        # obs_type="ram": no RGB frame copied out per frame (the preprocessing reads the screen)
         env = gym.make(env_id, frameskip=1, obs_type="ram", render_mode=render_mode)
         if render_mode:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        return deepmind(env, noop_max)  # one wrapper, or gymnasium's own under a recorder: the same numbers
+        return deepmind(env, noop_max)  # one wrapper (gymnasium's under a recorder): same numbers
 
     return thunk
 
@@ -161,42 +173,43 @@ class Agent(nn.Module):
         )
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
-        self.to(memory_format=torch.channels_last)  # the layout oneDNN's and cuDNN's fast convolutions want
+        self.to(memory_format=torch.channels_last)  # what fast convolutions want (oneDNN, cuDNN)
 
     def hidden(self, x):
-        """The CNN's features of uint8 frames (N, 4, 84, 84), scaled to [0, 1] inside the network."""
+        """The CNN's features of uint8 frames (N, 4, 84, 84), scaled to [0, 1] in the network."""
         return self.network(x.contiguous(memory_format=torch.channels_last) / 255.0)
 
     def get_value(self, x):
         return self.critic(self.hidden(x))
 
     def get_policy(self, x, hidden=None):
-        """The action distribution at x (logits, None), from the CNN's features `hidden` if they are at hand."""
+        """The action distribution at x (logits, None), from the features `hidden` if at hand."""
         return self.actor(self.hidden(x) if hidden is None else hidden), None
 
     def get_action_and_value(self, x, action):
-        """Log-prob and entropy of `action` under the policy at x, and V(x) (actions are sampled by `sample`)."""
+        """Log-prob and entropy of `action` under the policy at x, and V(x) (`sample` draws)."""
         hidden = self.hidden(x)
-        logp = torch.log_softmax(self.get_policy(x, hidden)[0], dim=-1)  # Categorical's log-prob and entropy
+        logp = torch.log_softmax(self.get_policy(x, hidden)[0], dim=-1)  # Categorical's, by hand
         logprob = logp.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
         return action, logprob, -(logp.exp() * logp).sum(-1), self.critic(hidden)
 
     def forward(self, x, action):
-        """What DistributedDataParallel calls in the update, so that backward all-reduces the gradients."""
+        """What DDP calls in the update, so that backward all-reduces the gradients."""
         return self.get_action_and_value(x, action)
 
 
 def sample(policy: tuple, rng: np.random.Generator) -> np.ndarray:
-    """One action per row of Agent.get_policy's output, drawn with rng (whose state checkpoints keep)."""
+    """One action per row of Agent.get_policy's output, drawn with rng (in checkpoints)."""
     out, std = (None if p is None else p.cpu().numpy() for p in policy)
     if std is not None:
         return out + std * rng.standard_normal(out.shape)
-    return np.argmax(out + rng.gumbel(size=out.shape), axis=-1)  # Gumbel-max: an exact categorical sample
+    return np.argmax(out + rng.gumbel(size=out.shape), axis=-1)  # Gumbel-max: a categorical sample
 
 
 def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: float):
-    """GAE over a rollout of (num_steps, num_envs) arrays: ends[t] is 1.0 where step t ended its episode, next_value V
-    after the last step. Truncation is not termination: the caller added `gamma * V(final_obs)` to a truncated step."""
+    """GAE over a rollout of (num_steps, num_envs) arrays: ends[t] is 1.0 where step t ended its
+    episode, next_value is V after the last step. Truncation is not termination: the caller added
+    gamma * V(final_obs) to the reward of a truncated step."""
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
@@ -208,75 +221,73 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
 
 
 def check_args(args: Args, world_size: int, local_world_size: int) -> int:
-    """Every mistake visible before anything starts, as a FlagError naming the flag; returns the number of actions."""
-    local_batch_size, gpus = args.local_num_envs * args.num_steps, torch.cuda.device_count() if args.cuda else 0
-    batch = f"batch of {local_batch_size} steps (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps})"
-    experiment.check_flags(
-        args,
-        [
-            ("local_num_envs", args.local_num_envs >= 1, ">= 1"),
-            ("num_minibatches", local_batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
-            ("total_timesteps", args.total_timesteps >= local_batch_size * world_size, f">= {world_size} x a {batch}"),
-            ("num_threads", args.num_threads is None or args.num_threads >= 1, ">= 1 (or unset)"),
-            ("backend", args.backend != "nccl" or gpus > 0, "gloo on a machine without CUDA (or unset)"),
-            ("device_ids", not gpus or len(args.device_ids or range(local_world_size)) >= local_world_size
-             and max(args.device_ids or [local_world_size - 1]) < gpus, f"one of {gpus} GPUs for each local rank"),
-        ],
-    )  # fmt: skip
-    experiment.check_env_id(args.env_id)  # imports the module of a module:EnvId id
+    """Every mistake visible before anything starts, as a FlagError naming the flag; the actions."""
+    gpus = torch.cuda.device_count() if args.cuda else 0
+    ids = args.device_ids or range(local_world_size)
+    flags.check(args, flags.batch_rules(args, "local_num_envs", world_size) + [
+        ("num_threads", args.num_threads is None or args.num_threads >= 1, ">= 1 (or unset)"),
+        ("backend", args.backend != "nccl" or gpus > 0, "gloo without CUDA (or unset)"),
+        ("device_ids", not gpus or len(ids) >= local_world_size and max(ids) < gpus,
+         f"one of {gpus} GPUs for each local rank"),
+    ])  # fmt: skip
+    flags.check_env_id(args.env_id)  # imports the module of a module:EnvId id
     if gym.spec(args.env_id.rpartition(":")[2]).entry_point != "ale_py.env:AtariEnv":
-        raise FlagError(f"--env-id {args.env_id!r} is not an Atari env id (try BreakoutNoFrameskip-v4 or ALE/Pong-v5)")
-    found = experiment.probe_env(args.env_id, make_env(args.env_id, 0, False, None), args.step_timeout or 600.0)
+        raise FlagError(f"--env-id {args.env_id!r} is not an Atari id (try BreakoutNoFrameskip-v4)")
+    probe = make_env(args.env_id, 0, False, None)  # built in a process of its own
+    found = flags.probe_env(args.env_id, probe, args.step_timeout or 600.0)
     return int(found["spaces"][1].n)
 
 
-def evaluate(path: str, episodes: int, device: torch.device, capture_video=False, writer=None, env_id=None) -> list:
-    """Raw scores of a checkpoint's greedy policy over full games, printed (and logged as eval/episodic_return)."""
-    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_atari_multigpu.py", Args, env_id)
-    env = make_env(saved.env_id, 0, capture_video, Path(path).parent / "eval")()
+def evaluate(args: Args, path: str, device, writer=None) -> list:
+    """Raw scores of a checkpoint's greedy policy over full games, printed (logged if `writer`)."""
+    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_atari_multigpu.py", Args, args.env_id)
+    env = make_env(saved.env_id, 0, args.capture_video, Path(path).parent / "eval")()
     agent = Agent(env.action_space.n).to(device)
     checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
 
     def act(obs):
         with torch.inference_mode():
-            return agent.get_policy(torch.as_tensor(np.asarray(obs), device=device)[None])[0].argmax().item()
+            x = torch.as_tensor(np.asarray(obs), device=device)[None]
+            return agent.get_policy(x)[0].argmax().item()
 
-    return checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
+    episodes, seed = args.eval_episodes, saved.seed + 10_000  # seeds training never used
+    return checkpointing.evaluate(env, act, episodes, seed, writer)
 
 
 def main(args: Args) -> None:
     # torchrun sets these; plain `python` is one rank with no process group
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world_size, local_world_size = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     is_main, distributed = rank == 0, world_size > 1
-    args = checkpointing.trained_flags(args, "ppo_atari_multigpu.py")  # --resume: the run's own flags
+    args = checkpointing.trained_flags(args, "ppo_atari_multigpu.py")  # --resume: its own flags
     num_actions = check_args(args, world_size, local_world_size)
     use_cuda = args.cuda and torch.cuda.is_available()
-    device = torch.device(f"cuda:{(args.device_ids or range(local_world_size))[local_rank]}" if use_cuda else "cpu")
+    gpu = (args.device_ids or range(local_world_size))[local_rank]
+    device = torch.device(f"cuda:{gpu}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     cores = max(1, len(os.sched_getaffinity(0)) // local_world_size)  # this rank's share
     torch.set_num_threads(args.num_threads or cores)
     if args.eval_checkpoint is not None:
         if is_main:
-            evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video, env_id=args.env_id)
+            evaluate(args, args.eval_checkpoint, device)
         return
     local_batch_size = args.local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
 
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng([args.seed, rank])  # rollout sampling and minibatch order differ across ranks
+    rng = np.random.default_rng([args.seed, rank])  # sampling and minibatch order: a rank's own
     agent = Agent(num_actions).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
-    checkpoints = checkpointing.Checkpoints(
-        "ppo_atari_multigpu.py", args, {"model": agent, "optimizer": optimizer}, batch_size, world_size
-    )
-    same = {"env_id": args.env_id, "local_num_envs": args.local_num_envs, "num_steps": args.num_steps}  # kept
-    checkpoint, start_iteration, run_dir, progress = experiment.begin(checkpoints, args, same, num_iterations, is_main)
-    if checkpoint and checkpoint["rng"][rank] is None:  # saved on a stop, which reaches rank 0's state alone
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    modules = {"model": agent, "optimizer": optimizer}
+    checkpoints = checkpointing.Checkpoints("ppo_atari_multigpu.py", args, modules, batch_size, world_size)
+    begun = lifecycle.begin(checkpoints, args, num_iterations, is_main)
+    checkpoint, start_iteration, run_dir, progress = begun
+    if checkpoint and checkpoint["rng"][rank] is None:  # saved by a stop, which knew rank 0's alone
         rng = np.random.default_rng([args.seed, rank, start_iteration])  # a fresh draw of its own
     elif checkpoint:
         rng.bit_generator.state = checkpoint["rng"][rank]
@@ -285,26 +296,30 @@ def main(args: Args) -> None:
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
 
-    env_fns = [make_env(args.env_id, i, args.capture_video and is_main, run_dir) for i in range(args.local_num_envs)]
+    video = args.capture_video and is_main
+    env_fns = [make_env(args.env_id, i, video, run_dir) for i in range(args.local_num_envs)]
     with (
-        experiment.process_group(args.backend or ("nccl" if use_cuda else "gloo"), distributed),
-        SubprocVecEnv(env_fns, **experiment.vec_env_options(args, cores)) as envs,
-        experiment.ending("ppo_atari_multigpu.py", run_dir, checkpoints, progress, envs.layout) as run,
-        experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
+        ranks.process_group(args.backend or ("nccl" if use_cuda else "gloo"), distributed),
+        SubprocVecEnv(env_fns, **flags.vec_env_options(args, cores)) as envs,
+        lifecycle.ending("ppo_atari_multigpu.py", run_dir, checkpoints, progress, envs.layout) as run,
+        folder.open_writer(run_dir, args, first_step=global_step) as writer,
     ):
-        # the update calls ddp_agent, whose backward() averages the gradients over all ranks; the rollout calls agent
-        ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None) if distributed else agent
-        first_seed = args.seed + ((start_iteration - 1) * world_size + rank) * args.local_num_envs  # fresh per start
-        seeds = experiment.all_ranks(list(range(first_seed, first_seed + args.local_num_envs)))
-        ranks = f", x {world_size} ranks, env seeds {seeds}" if distributed else ""
+        ddp_agent = agent  # what the update calls (DDP's backward averages gradients over ranks)
+        if distributed:
+            ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None)
+        start = (start_iteration - 1) * world_size + rank  # fresh seeds at every start of the run
+        first_seed = args.seed + start * args.local_num_envs
+        seeds = ranks.all_ranks(list(range(first_seed, first_seed + args.local_num_envs)))
+        several = f", x {world_size} ranks, env seeds {seeds}" if distributed else ""
         if is_main:
-            experiment.announce(f"ppo_atari_multigpu.py: {args.env_id}, {envs.placement} on {device.type}{ranks}",
+            folder.announce(f"{args.env_id}, {envs.placement} on {device.type}{several}",
                                 run_dir, checkpoint)  # fmt: skip
-        next_obs, _ = checkpointing.start_envs(envs, checkpoint, rank, first_seed)  # as a checkpoint left them?
-        # a stop saves rank 0's last snapshot, without collective calls (other ranks may be gone): its rng alone
+        # the envs as the checkpoint left them, or fresh episodes with seeds this run has not used
+        next_obs, _ = checkpointing.start_envs(envs, checkpoint, rank, first_seed)
+        # a stop saves rank 0's snapshot without collectives (ranks may be gone): its rng alone
         run.snapshot(start_iteration - 1, [rng.bit_generator.state] + [None] * (world_size - 1))
         # Rollout storage, allocated once; the update reads it as torch tensors
-        obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
+        obs_shape, action_shape = envs.single_observation_space.shape, ()  # Discrete actions
         obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)
         actions = np.zeros((args.num_steps, args.local_num_envs) + action_shape, dtype=np.int64)
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
@@ -328,13 +343,13 @@ def main(args: Args) -> None:
                 env_time += time.perf_counter() - env_start
                 rewards[step] = reward
                 ends[step] = terminations | truncations
-                # A time-limit cut still has a future: keep the observation it ended on, for V(final_obs) below
+                # A time-limit cut still has a future: keep its last observation, for V(final_obs)
                 cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
                     episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
 
-            run.stop_if_asked()  # under torchrun every rank learns here whether any rank was asked to stop
+            run.stop_if_asked()  # (under torchrun: if any rank was asked)
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -345,7 +360,8 @@ def main(args: Args) -> None:
                 values = b_values.view(rewards.shape).cpu().numpy()
                 if cuts:
                     cut_steps, cut_envs, final_obs = zip(*cuts, strict=True)
-                    final_values = agent.get_value(to_torch(np.stack(final_obs))).flatten().cpu().numpy()
+                    final_obs = np.stack(final_obs)
+                    final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
                 next_value = agent.get_value(to_torch(next_obs)).flatten().cpu().numpy()
 
@@ -359,7 +375,7 @@ def main(args: Args) -> None:
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
-                    if not distributed:  # ranks would fall out of step in DDP's all-reduce: they meet above
+                    if not distributed:  # (ranks meet after the rollout: DDP keeps them in step)
                         run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
@@ -400,44 +416,45 @@ def main(args: Args) -> None:
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
-                                        ("old_approx_kl", old_approx_kl), ("approx_kl", approx_kl),
-                                        ("clipfrac", clipfrac)]:  # fmt: skip
+                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss),
+                                        ("entropy", entropy_loss), ("old_approx_kl", old_approx_kl),
+                                        ("approx_kl", approx_kl), ("clipfrac", clipfrac)]:  # fmt: skip
                         stats[name].append(value.detach())
 
-                if args.target_kl is not None and experiment.mean_over_ranks(approx_kl) > args.target_kl:
-                    break  # decided on the mean over ranks: a rank stopping alone would hang the others' all-reduce
+                if args.target_kl is not None and ranks.mean_over_ranks(approx_kl) > args.target_kl:
+                    break  # on the mean over ranks: one rank stopping alone would hang the others
             update_time = time.perf_counter() - update_start
-            losses = experiment.mean_losses(stats)
+            losses = ranks.mean_losses(stats)
             # the weights are the same on every rank, so every rank stops here, together
-            experiment.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
+            ranks.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
 
             # LOGGING
-            rank_episodes, restarts = zip(*experiment.all_ranks((episodes, envs.restarts)), strict=True)
+            rank_episodes, restarts = zip(*ranks.all_ranks((episodes, envs.restarts)), strict=True)
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
             for name, value in losses.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
+            inference = update_start - rollout_start - env_time
+            timings = {"env": env_time, "inference": inference, "update": update_time}
             episodes = [episode for e in rank_episodes for episode in e]
-            progress.log(writer, global_step, episodes, timings, restarts=sum(restarts))  # charts/episodic_*, SPS
+            progress.log(writer, global_step, episodes, timings, sum(restarts))  # episodes, SPS
 
             run.snapshot(iteration, [rng.bit_generator.state] + [None] * (world_size - 1))
-            if iteration == num_iterations or args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
-                every_rank = experiment.all_ranks((rng.bit_generator.state, envs.save_env_states()))
+            if iteration == num_iterations or run.periodic(iteration, args.checkpoint_interval):
+                every_rank = ranks.all_ranks((rng.bit_generator.state, envs.save_env_states()))
                 rngs, env_states = zip(*every_rank, strict=True)
-                run.save(env_states=list(env_states), rng=list(rngs))  # rank 0 writes every rank's; the others skip
+                run.save(env_states=list(env_states), rng=list(rngs))  # rank 0 writes every rank's
 
-        checksums = experiment.all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()))
+        checksums = ranks.all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()))
         if is_main and distributed:
-            print(f"final parameter checksum per rank (equal when the ranks stayed in step): {checksums}")
-        if is_main and args.save_model and args.eval_episodes:  # CleanRL's file, saved and evaluated
-            evaluate(run.save_model(args.exp_name), args.eval_episodes, device, writer=writer)
+            print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}")
+        if is_main and args.save_model and args.eval_episodes:  # CleanRL's file, and its evaluation
+            evaluate(replace(args, capture_video=False), run.save_model(args.exp_name), device, writer)
         elif is_main and args.save_model:
             run.save_model(args.exp_name)
 
 
 if __name__ == "__main__":
-    experiment.run(main, Args, __doc__)
+    lifecycle.run(main, Args, __doc__)

@@ -1,16 +1,24 @@
-"""PPO for flat-observation gymnasium envs (Discrete or Box actions), collecting experience from many envs at once.
+"""PPO for flat-observation gymnasium envs (Discrete or Box actions), stepping many envs at once.
 
     python ppo_vec.py --env-id CartPole-v1 --num-envs 8
-    python ppo_vec.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 300000 --gamma 0.9 \\
-        --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 --ent-coef 0 --no-norm-obs
-    python ppo_vec.py --env-id my_package.my_module:MyEnv-v0     # imports my_package.my_module, which registers it
-    python ppo_vec.py --resume runs/<run_name>/checkpoint.pt      # continue a stopped (or checkpointed) run
-    python ppo_vec.py --eval-checkpoint runs/<run_name>/checkpoint.pt
+    python ppo_vec.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --gamma 0.9 \\
+        --total-timesteps 300000 --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 \\
+        --ent-coef 0 --no-norm-obs
+    python ppo_vec.py --env-id my_module:MyEnv-v0        # imports my_module, which registers it
+    python ppo_vec.py --resume runs/<run>/checkpoint.pt  # go on with a stopped run, its own flags
+    python ppo_vec.py --eval-checkpoint runs/<run>/checkpoint.pt
 
-Truncation is bootstrapped with `gamma * V(final_obs)`; only termination means "no future value". Box actions: a
-diagonal Gaussian, clipped in the env. Rewards are scaled by a running std of each env's discounted return, Box-action
-envs' observations by one running mean and std over all envs (--no-norm-reward, --no-norm-obs). Ctrl-C or SIGTERM
-saves runs/<run>/checkpoint.pt.
+Where it departs from CleanRL's ppo.py, and why:
+- Truncation is not termination: a step cut by a time limit is bootstrapped, its reward plus
+  gamma * V(final_obs) (CleanRL ends all future reward there). GAE reads ends[t] (step t ended its
+  episode, either way; the bootstrap is in rewards[t]) where CleanRL reads dones[t + 1].
+- Rewards are normalized for every env (CleanRL: Box actions only; values near 100 stall CartPole's
+  critic), Box-action observations with one set of statistics for all envs (CleanRL: one per env),
+  both in the trainer and in checkpoints (common/normalize.py). Box actions: a diagonal Gaussian.
+- Speed: a rollout step only samples actions (`sample`, outside Agent); log-probs and values come
+  from one batched pass after the rollout; GAE runs in numpy; Adam is fused.
+- Returns are read from gymnasium 1.x's final_info; losses logged are means over the whole update.
+- Stops, checkpoints, resume and evaluation go through common/run/ (Ctrl-C saves and exits 130).
 """
 
 import os
@@ -24,9 +32,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from common import checkpointing, experiment
-from common.experiment import FlagError
 from common.multiprocessing_env import SubprocVecEnv
+from common.normalize import ObsNormalizer, RewardScaler
+from common.run import checkpointing, flags, folder, lifecycle, ranks
+from common.run.errors import FlagError
 
 
 @dataclass
@@ -45,13 +54,13 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """whether to capture videos of env 0 into runs/{run_name}/videos (pip install moviepy pygame)"""
+    """whether to capture videos of env 0 into runs/{run_name}/videos (needs moviepy)"""
     save_model: bool = False
     """whether to save the final model into runs/{run_name}/, then evaluate it"""
     checkpoint_interval: int = 0
     """write runs/{run_name}/checkpoint.pt every this many iterations (0: only when stopped)"""
     resume: str | None = None
-    """continue the run saved in this checkpoint, in its run folder (same --num-envs and --num-steps)"""
+    """continue the run saved in this checkpoint, in its folder, with the flags it was trained on"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint or saved model for --eval-episodes episodes instead of training"""
     eval_episodes: int = 10
@@ -93,77 +102,40 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (None: no early stop)"""
     norm_obs: bool = True
-    """Box actions: normalize observations by running statistics over all envs, clipped (Pendulum-v1 learns without)"""
+    """Box actions: normalize observations by running statistics over all envs"""
     norm_reward: bool = True
-    """rewards / running std of discounted returns (CleanRL: Box only; values near 100 stall CartPole's critic)"""
+    """rewards / running std of discounted returns (CleanRL: for Box actions only)"""
 
     # Vector env
     num_workers: int | None = None
-    """env worker processes (0: step the envs in the trainer; None: measure and choose, said at start)"""
+    """env worker processes (0: step the envs in the trainer; None: decided, said at start)"""
     max_restarts: int = 0
-    """times a crashed, raising or stuck env worker may be replaced (its envs' episodes end as truncated)"""
+    """times a crashed, raising or stuck env worker may be replaced (its episodes end truncated)"""
     step_timeout: float | None = None
     """seconds an env step may take before its worker counts as stuck (None: no limit)"""
     num_threads: int = 1
-    """torch CPU threads (a 64-unit MLP gains nothing from more, and the env workers need the cores)"""
+    """torch CPU threads (a 64-unit MLP gains nothing from more; the env workers need the cores)"""
 
 
 def make_env(args: Args, idx: int, run_dir: Path):
-    """A thunk building env `idx`: flattened to a float32 vector, its raw returns recorded, Box actions clipped."""
+    """A thunk building env `idx`: float32 vectors, raw returns recorded, Box actions clipped."""
 
     def thunk():
-        env = gym.make(args.env_id, **{"render_mode": "rgb_array"} if args.capture_video and idx == 0 else {})
-        if args.capture_video and idx == 0:
+        video = args.capture_video and idx == 0
+        env = gym.make(args.env_id, render_mode="rgb_array") if video else gym.make(args.env_id)
+        if video:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         env = gym.wrappers.FlattenObservation(env)
         space = env.observation_space
-        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # the agent's (Dict: int64 one-hots)
+        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # (a Dict's one-hots)
             with np.errstate(over="ignore"):  # bounds past float32's range are its infinities
-                box = gym.spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32)
+                low, high = space.low.astype(np.float32), space.high.astype(np.float32)
+            box = gym.spaces.Box(low, high, dtype=np.float32)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs.astype(np.float32), box)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         return gym.wrappers.ClipAction(env) if isinstance(env.action_space, gym.spaces.Box) else env
 
     return thunk
-
-
-class ObsNormalizer(nn.Module):
-    """gymnasium's NormalizeObservation and a clip to +-10, one running mean and variance for all envs: with a set per
-    env, one state meant other inputs in each, and Hopper-v5 learned half as well (README, MuJoCo)."""
-
-    def __init__(self, obs_dim: int, enabled: bool):
-        super().__init__()
-        self.enabled = enabled
-        for name, value in [("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
-            self.register_buffer(name, torch.full((obs_dim,) if name != "count" else (), value, dtype=torch.float64))
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views, updated in place (loading copies in)
-
-    def forward(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
-        mean, var, count = self.arrays
-        if self.enabled and update:  # RunningMeanStd.update with a batch of observations
-            delta, n = obs.mean(0) - mean, len(obs)
-            total = count + n
-            var[:] = (var * count + obs.var(0) * n + delta**2 * count * n / total) / total
-            mean[:], count[...] = mean + delta * n / total, total
-        return np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10, dtype=np.float32) if self.enabled else obs
-
-
-class RewardScaler(nn.Module):
-    """gymnasium's NormalizeReward and a clip to +-10, each env's numbers, for all envs at once (a wrapper cost 3x)."""
-
-    def __init__(self, num_envs: int, gamma: float):
-        super().__init__()
-        self.gamma = gamma
-        for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
-            self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views, updated in place (loading copies in)
-
-    def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
-        returns, mean, var, count = self.arrays
-        returns[:] = returns * self.gamma * ~terminations + rewards
-        delta, total = returns - mean, count + 1  # RunningMeanStd.update with one sample per env
-        var[:], mean[:], count[:] = (var * count + delta**2 * count / total) / total, mean + delta / total, total
-        return np.clip(rewards / np.sqrt(var + 1e-8), -10, 10)
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -198,33 +170,34 @@ class Agent(nn.Module):
         return self.critic(x)
 
     def get_policy(self, x):
-        """The action distribution at x, which rollout, update and evaluation share: (logits, None) or (mean, std)."""
+        """The action distribution at x: (logits, None) or (mean, std)."""
         out = self.actor(x)
         return (out, self.actor_logstd.expand_as(out).exp()) if self.continuous else (out, None)
 
     def get_action_and_value(self, x, action):
-        """Log-prob and entropy of `action` under the policy at x, and V(x) (actions are sampled by `sample`)."""
+        """Log-prob and entropy of `action` under the policy at x, and V(x) (`sample` draws)."""
         out, std = self.get_policy(x)
         if self.continuous:  # independent dimensions: joint log-prob and entropy are sums
             dist = torch.distributions.Normal(out, std, validate_args=False)
             return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.critic(x)
-        # Categorical(logits=out)'s log-prob and entropy, written out: same values, a third of its cost
+        # Categorical(logits=out)'s log-prob and entropy, written out: a third of its cost
         logp = torch.log_softmax(out, dim=-1)
         logprob = logp.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
         return action, logprob, -(logp.exp() * logp).sum(-1), self.critic(x)
 
 
 def sample(policy: tuple, rng: np.random.Generator) -> np.ndarray:
-    """One action per row of Agent.get_policy's output, drawn with rng (whose state checkpoints keep)."""
+    """One action per row of Agent.get_policy's output, drawn with rng (in checkpoints)."""
     out, std = (None if p is None else p.cpu().numpy() for p in policy)
     if std is not None:
         return out + std * rng.standard_normal(out.shape)
-    return np.argmax(out + rng.gumbel(size=out.shape), axis=-1)  # Gumbel-max: an exact categorical sample
+    return np.argmax(out + rng.gumbel(size=out.shape), axis=-1)  # Gumbel-max: a categorical sample
 
 
 def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: float):
-    """GAE over a rollout of (num_steps, num_envs) arrays: ends[t] is 1.0 where step t ended its episode, next_value V
-    after the last step. Truncation is not termination: the caller added `gamma * V(final_obs)` to a truncated step."""
+    """GAE over a rollout of (num_steps, num_envs) arrays: ends[t] is 1.0 where step t ended its
+    episode, next_value is V after the last step. Truncation is not termination: the caller added
+    gamma * V(final_obs) to the reward of a truncated step."""
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
@@ -236,43 +209,40 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
 
 
 def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
-    """Every mistake visible before anything starts, as a FlagError naming the flag; returns the env's spaces."""
-    batch_size = args.num_envs * args.num_steps
-    batch = f"batch of {batch_size} steps (--num-envs {args.num_envs} x --num-steps {args.num_steps})"
-    experiment.check_flags(args, [
-        ("num_envs", args.num_envs >= 1, ">= 1"),
-        ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
-        ("total_timesteps", args.total_timesteps >= batch_size, f">= one {batch}"),
-    ])  # fmt: skip
-    probe = make_env(replace(args, capture_video=False), 0, Path())  # built in a probe process: its spaces, flattened
-    found = experiment.probe_env(args.env_id, probe, args.step_timeout or 600.0)
+    """Every mistake visible before anything starts, as a FlagError naming the flag; the spaces."""
+    flags.check(args, flags.batch_rules(args, "num_envs"))
+    probe = make_env(replace(args, capture_video=False), 0, Path())  # built in a process of its own
+    found = flags.probe_env(args.env_id, probe, args.step_timeout or 600.0)
     (obs_space, act_space), raw = found["spaces"], found["raw_spaces"][0]
+    env = f"--env-id {args.env_id}"
     if not isinstance(obs_space, gym.spaces.Box) or raw.dtype == np.uint8 and len(raw.shape) >= 2:
-        raise FlagError(f"--env-id {args.env_id} has observations {raw}; ppo_vec.py needs ones that flatten to a "
-                        "vector (Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
-    if "--norm-obs" in experiment.given_flags() and not isinstance(act_space, gym.spaces.Box):
-        raise FlagError(f"--norm-obs normalizes the observations of Box-action envs; {args.env_id} has {act_space}: "
-                        "drop the flag (Discrete-action envs learn without, as in CleanRL's ppo.py)")  # fmt: skip
+        raise FlagError(f"{env} has observations {raw}; ppo_vec.py needs ones that flatten to a vector "
+                        "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
+    if "--norm-obs" in flags.given() and not isinstance(act_space, gym.spaces.Box):
+        raise FlagError(f"--norm-obs normalizes the observations of Box-action envs; {env} has "
+                        f"{act_space}: drop the flag (Discrete-action envs learn without)")  # fmt: skip
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
-        raise FlagError(f"--env-id {args.env_id} has action space {act_space}; ppo_vec.py needs Discrete or a 1-D Box")
+        raise FlagError(f"{env} has action space {act_space}; ppo_vec.py needs Discrete or 1-D Box")
     return obs_space, act_space
 
 
-def evaluate(path: str, episodes: int, device: torch.device, capture_video=False, writer=None, env_id=None) -> list:
-    """Raw returns of a checkpoint's greedy policy on one env, printed (and logged as eval/episodic_return)."""
-    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_vec.py", Args, env_id, capture_video=capture_video)
+def evaluate(args: Args, path: str, device, writer=None) -> list:
+    """Raw returns of a checkpoint's greedy policy on one env, printed (and logged if `writer`)."""
+    video, env_id = args.capture_video, args.env_id if args.eval_checkpoint else None
+    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_vec.py", Args, env_id, capture_video=video)
     env = make_env(saved, 0, Path(path).parent / "eval")()
-    obs_dim, cont = env.observation_space.shape[0], isinstance(env.action_space, gym.spaces.Box)
-    agent, normalize_obs = Agent(obs_dim, env.action_space).to(device), ObsNormalizer(obs_dim, saved.norm_obs and cont)
+    agent = Agent(env.observation_space.shape[0], env.action_space).to(device)
+    normalize_obs = ObsNormalizer(env.observation_space.shape[0], saved.norm_obs)
     checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
     checkpointing.load_state(normalize_obs, checkpoint["obs_normalizer"], "--eval-checkpoint", path)
 
     def act(obs):  # normalized as in training, the statistics frozen
         with torch.inference_mode():
-            out, _ = agent.get_policy(torch.as_tensor(normalize_obs(obs[None], update=False), device=device))
+            x = torch.as_tensor(normalize_obs(obs[None], update=False), device=device)
+            out, _ = agent.get_policy(x)
         return (out[0] if agent.continuous else out[0].argmax()).cpu().numpy()
 
-    return checkpointing.evaluate(env, act, episodes, saved.seed + 10_000, writer)  # seeds training never used
+    return checkpointing.evaluate(env, act, args.eval_episodes, saved.seed + 10_000, writer)  # unseen seeds
 
 
 def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
@@ -281,23 +251,23 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.num_threads)
     if args.eval_checkpoint is not None:
-        return evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video, env_id=args.env_id)
+        return evaluate(args, args.eval_checkpoint, device)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, action_space.shape != ()
-    args = replace(args, norm_obs=args.norm_obs and continuous)  # what runs, as args.json records it
+    obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, bool(action_space.shape)
+    args = replace(args, norm_obs=args.norm_obs and continuous)  # as args.json records it
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
     agent = Agent(obs_shape[0], action_space).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
     normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs)
-    modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards, "obs_normalizer": normalize_obs}
+    modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards}
+    modules["obs_normalizer"] = normalize_obs
     checkpoints = checkpointing.Checkpoints("ppo_vec.py", args, modules, batch_size)
-    same = {"env_id": args.env_id, "num_envs": args.num_envs, "num_steps": args.num_steps}  # what a resume keeps
-    checkpoint, start_iteration, run_dir, progress = experiment.begin(checkpoints, args, same, num_iterations)
+    checkpoint, start_iteration, run_dir, progress = lifecycle.begin(checkpoints, args, num_iterations)
     if checkpoint:  # None for a new run
         rng.bit_generator.state = checkpoint["rng"][0]
     global_step = progress.first_step
@@ -307,17 +277,19 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
 
     env_fns = [make_env(args, i, run_dir) for i in range(args.num_envs)]
     with (
-        SubprocVecEnv(env_fns, **experiment.vec_env_options(args)) as envs,
-        experiment.ending("ppo_vec.py", run_dir, checkpoints, progress, envs.layout) as run,
-        experiment.open_writer(run_dir, args, purge_step=global_step + 1 if args.resume else None) as writer,
+        SubprocVecEnv(env_fns, **flags.vec_env_options(args)) as envs,
+        lifecycle.ending("ppo_vec.py", run_dir, checkpoints, progress, envs.layout) as run,
+        folder.open_writer(run_dir, args, first_step=global_step) as writer,
     ):
-        experiment.announce(f"ppo_vec.py: {args.env_id}, {envs.placement}, agent on {device}", run_dir, checkpoint)
-        # the envs as the checkpoint left them, or fresh episodes with seeds no earlier start of this run used
-        next_obs, fresh = checkpointing.start_envs(envs, checkpoint, 0, args.seed + global_step // args.num_steps)
-        next_obs = normalize_obs(next_obs, update=fresh)  # a run continued exactly has counted these already
-        run.snapshot(start_iteration - 1, [rng.bit_generator.state])  # what a stop saves, until the next
-        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # rollout storage, made once
-        actions = np.zeros((args.num_steps, args.num_envs) + action_shape, np.float32 if continuous else np.int64)
+        folder.announce(f"{args.env_id}, {envs.placement}, agent on {device}", run_dir, checkpoint)
+        # the envs as the checkpoint left them, or fresh episodes with seeds this run has not used
+        seed = args.seed + global_step // args.num_steps
+        next_obs, fresh = checkpointing.start_envs(envs, checkpoint, 0, seed)
+        next_obs = normalize_obs(next_obs, update=fresh)  # (a run continued exactly counted these)
+        run.snapshot(start_iteration - 1, [rng.bit_generator.state])  # what a stop saves
+        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # storage
+        action_type = np.float32 if continuous else np.int64
+        actions = np.zeros((args.num_steps, args.num_envs) + action_shape, action_type)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
@@ -338,15 +310,15 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
                 rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
-                next_obs = normalize_obs(next_obs)  # (a cut episode's final_obs: as it is valued, below)
+                next_obs = normalize_obs(next_obs)  # (a cut episode's final_obs: when it is valued)
                 ends[step] = terminations | truncations
-                # A time-limit cut still has a future: keep the observation it ended on, for V(final_obs) below
+                # A time-limit cut still has a future: keep its last observation, for V(final_obs)
                 cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
                     episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
 
-            run.stop_if_asked()  # under torchrun every rank learns here whether any rank was asked to stop
+            run.stop_if_asked()  # (under torchrun: if any rank was asked)
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -412,16 +384,16 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
-                                        ("old_approx_kl", old_approx_kl), ("approx_kl", approx_kl),
-                                        ("clipfrac", clipfrac)]:  # fmt: skip
+                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss),
+                                        ("entropy", entropy_loss), ("old_approx_kl", old_approx_kl),
+                                        ("approx_kl", approx_kl), ("clipfrac", clipfrac)]:  # fmt: skip
                         stats[name].append(value.detach())
 
-                if args.target_kl is not None and experiment.mean_over_ranks(approx_kl) > args.target_kl:
-                    break  # decided on the mean over ranks: a rank stopping alone would hang the others' all-reduce
+                if args.target_kl is not None and ranks.mean_over_ranks(approx_kl) > args.target_kl:
+                    break  # on the mean over ranks: one rank stopping alone would hang the others
             update_time = time.perf_counter() - update_start
-            losses = experiment.mean_losses(stats)
-            experiment.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
+            losses = ranks.mean_losses(stats)
+            ranks.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
 
             # LOGGING
             var_y = np.var(returns)
@@ -430,18 +402,19 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             for name, value in losses.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            timings = {"env": env_time, "inference": update_start - rollout_start - env_time, "update": update_time}
-            progress.log(writer, global_step, episodes, timings, restarts=envs.restarts)  # charts/episodic_*, SPS
+            inference = update_start - rollout_start - env_time
+            timings = {"env": env_time, "inference": inference, "update": update_time}
+            progress.log(writer, global_step, episodes, timings, envs.restarts)  # episodes, SPS
 
             run.snapshot(iteration, [rng.bit_generator.state])
-            if iteration == num_iterations or args.checkpoint_interval and iteration % args.checkpoint_interval == 0:
-                run.save(env_states=[envs.save_env_states()])  # between iterations: the envs' states too
+            if iteration == num_iterations or run.periodic(iteration, args.checkpoint_interval):
+                run.save(env_states=[envs.save_env_states()])  # between iterations: the envs' too
 
         if args.save_model and args.eval_episodes:  # CleanRL's file, saved and evaluated
-            evaluate(run.save_model(args.exp_name), args.eval_episodes, device, writer=writer)
+            evaluate(replace(args, capture_video=False), run.save_model(args.exp_name), device, writer)
         elif args.save_model:
             run.save_model(args.exp_name)
 
 
 if __name__ == "__main__":
-    experiment.run(main, Args, __doc__)
+    lifecycle.run(main, Args, __doc__)

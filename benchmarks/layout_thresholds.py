@@ -1,5 +1,6 @@
 """What a step of SubprocVecEnv's workers costs beyond their envs' work here: the ROUND_TRIP its default layout is
-decided with (common/layout_choice.py), measured, and the rule checked against real envs.
+decided with (common/vecenv/layout.py), measured in units of layout.reference_work(), and the rule checked against
+real envs.
 
     python benchmarks/layout_thresholds.py                 # writes benchmarks/results/layout_thresholds.md
     python benchmarks/layout_thresholds.py --repetitions 9 --seconds 0.5
@@ -10,8 +11,9 @@ repetitions. A step of n envs takes n * s + A(n) in the calling process and ceil
 calling process is faster exactly where what workers save, s * (n - ceil(n / w)), is under B(n) - A(n), the round
 trip. Stand-ins that never end an episode give its floor; real envs (CartPole, Acrobot, Pendulum, whose episodes end
 and send their final observations over the pipe) give what users pay, and ROUND_TRIP is the median of their
-estimates. Each real env is shown with the layout the rule picks for it, beside the faster one measured. Run it
-alone on a quiet machine.
+estimates, each divided by the CPU time of reference_work() timed beside that env's steps (as the probe does). Each
+real env is shown with the layout the rule picks for it, beside the faster one measured. Run it alone on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import layout_choice, processes  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
+from common.vecenv import layout, process_control  # noqa: E402
 
 
 class BusyEnv(gym.Env):
@@ -70,7 +72,7 @@ def step_seconds(env_fns: list, seconds: float, **layout) -> float:
 
 def both(env_fns: list, repetitions: int, seconds: float) -> tuple[float, float]:
     """Medians over interleaved repetitions of a step in this process and in the default number of workers."""
-    workers = min(processes.cores(), len(env_fns))
+    workers = min(process_control.cores(), len(env_fns))
     here, there = [], []
     for _ in range(repetitions):
         here.append(step_seconds(env_fns, seconds, num_workers=0))
@@ -84,15 +86,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.3, help="of stepping per measurement")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "layout_thresholds.md")
     args = parser.parse_args()
-    cores = processes.cores()
+    cores = process_control.cores()
     lines = [
         "# SubprocVecEnv's round trip, and the default layout checked (benchmarks/layout_thresholds.py)",
         "",
         f"`python benchmarks/layout_thresholds.py --repetitions {args.repetitions} --seconds {args.seconds}`, "
         f"{time.strftime('%Y-%m-%d')}, {cores} cores ({platform.machine()}, {platform.processor() or 'cpu'}), "
         f"Python {platform.python_version()}. Medians of {args.repetitions} interleaved repetitions; w = min(cores, n)"
-        " workers. The in-code ROUND_TRIP when this ran: "
-        f"{layout_choice.ROUND_TRIP * 1e6:.0f} us.",
+        f" workers. The in-code ROUND_TRIP when this ran: {layout.ROUND_TRIP:g} units (reference_work() calls).",
         "",
         "| n | CPU per env step | this process | workers | estimate of the round trip |",
         "|---|---|---|---|---|",
@@ -121,21 +122,23 @@ def main() -> None:
     for env_id in ("CartPole-v1", "Acrobot-v1", "Pendulum-v1"):
         probe = gym.make(env_id)
         probe.reset(seed=0)
-        cpu = layout_choice.cpu_per_step(probe)
+        cpu, reference = layout.cpu_per_step(probe)
         for n in (8, 16, 32):
             here, there = both([functools.partial(gym.make, env_id)] * n, args.repetitions, args.seconds)
-            picked = layout_choice.decide({"trusted": True, "step": cpu}, n, cores)[0]
-            estimates.append(there - here + cpu * (n - math.ceil(n / min(cores, n))))
-            lines.append(f"| {env_id} | {n} | {cpu * 1e6:.0f} us | {here * 1e6:.0f} us | {there * 1e6:.0f} us | "
-                         f"{estimates[-1] * 1e6:.0f} us | {'this process' if picked == 0 else 'workers'} | "
+            picked = layout.decide({"trusted": True, "step": cpu, "reference": reference}, n, cores)[0]
+            seconds = there - here + cpu * (n - math.ceil(n / min(cores, n)))
+            estimates.append(seconds / reference)
+            lines.append(f"| {env_id} | {n} | {cpu * 1e6:.0f} us ({cpu / reference:.2f} units) | {here * 1e6:.0f} us "
+                         f"| {there * 1e6:.0f} us | {seconds * 1e6:.0f} us ({estimates[-1]:.1f} units) | "
+                         f"{'this process' if picked == 0 else 'workers'} | "
                          f"{'this process' if here <= there else 'workers'} |")  # fmt: skip
             print(lines[-1], flush=True)
     round_trip = statistics.median(estimates)
-    low, high = (np.percentile(estimates, q) * 1e6 for q in (25, 75))
-    lines += ["", f"Round trip of real envs: median **{round_trip * 1e6:.0f} us** (quartiles {low:.0f}-{high:.0f} us): "
-              "what ROUND_TRIP in common/layout_choice.py is set from."]  # fmt: skip
+    low, high = (np.percentile(estimates, q) for q in (25, 75))
+    lines += ["", f"Round trip of real envs: median **{round_trip:.1f} units** (quartiles {low:.1f}-{high:.1f}) of "
+              "reference work: what ROUND_TRIP in common/vecenv/layout.py is set from."]  # fmt: skip
     args.out.write_text("\n".join(lines) + "\n")
-    print(f"round trip {round_trip * 1e6:.0f} us; written to {args.out}")
+    print(f"round trip {round_trip:.1f} units; written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@
 Each run is the script's own command line (printed), in a scratch folder (or DIR with --runs), `--jobs` at a time
 (results do not depend on it: a run gives the same numbers alone or beside another). Writes
 benchmarks/results/learning_CASE.md, .json and .png (episodic return against global step, 20-episode mean), and
-for the ppo_vec cases the learning diagnostics (entropy, approx_kl, explained variance, value loss) per seed. The
+for the ppo_vec cases the learning diagnostics (entropy, approx_kl, explained variance, value loss) per seed; the
+.json keeps the curves as drawn (smoothed, at most 300 points each), not every episode. The
 statistics over seeds (mean +- std, IQM with a 95% bootstrap interval) and the curve bands come from
-common/results.py, as the sweep's report does (python -m common.sweep ... --report).
+common/sweep/report.py, as the sweep's report does (python -m common.sweep ... --report).
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.report import MACHINE, RESULTS, save  # noqa: E402
-from common import results  # noqa: E402
-from common.results import read_scalars  # noqa: E402
+from benchmarks.report import MACHINE, RESULTS, save, save_png, smoothed  # noqa: E402
+from common.run import records  # noqa: E402
+from common.run.records import read_scalars  # noqa: E402
+from common.sweep import report  # noqa: E402
 
 VEC, ATARI = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
 CARTPOLE = "--env-id CartPole-v1 --num-envs 8"  # the mission's command: every other flag at its default
@@ -106,7 +106,7 @@ def main() -> None:
 
         def finished(label: str) -> bool:
             summaries = list((args.runs / label.replace(" ", "_") / "runs").glob("*/summary.json"))
-            return bool(summaries) and (results.read_json(summaries[0]) or {}).get("status") == "done"
+            return bool(summaries) and (records.read_json(summaries[0]) or {}).get("status") == "done"
 
         not_run = [label for label in cmds if not finished(label)]
         cmds = {label: cmd for label, cmd in cmds.items() if label not in not_run}
@@ -132,24 +132,27 @@ def main() -> None:
     for label, cmd in cmds.items():
         run_dir = folders[label] = next((args.runs / label.replace(" ", "_") / "runs").iterdir())
         scalars = read_scalars(run_dir)
-        steps, returns, _ = results.episodes(run_dir)
-        finals[label] = results.final_return(run_dir)
-        curves[label] = (steps.tolist(), returns.tolist())
-        diagnostics[label] = {tag: scalars[tag] for tag in DIAGNOSTICS if tag in scalars}
+        steps, returns, _ = report.episodes(run_dir)
+        finals[label] = report.final_return(run_dir)
+        curves[label] = smoothed(steps, returns, 20)
+        diagnostics[label] = {
+            tag: smoothed(*zip(*scalars[tag], strict=True), 5, points=150) for tag in DIAGNOSTICS if scalars.get(tag)
+        }
         shown = " ".join(Path(c).name if c in (VEC, ATARI) else c for c in cmd)
         lines.append(f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |")
     groups = {}  # what the statistics are over: an env's seeds (the mujoco case), or every run
     for label in cmds:
         groups.setdefault(label.split(" seed ")[0] if args.case == "mujoco" else args.case, []).append(label)
-    stats = {group: results.aggregate([finals[label] for label in labels]) for group, labels in groups.items()}
+    stats = {group: report.aggregate([finals[label] for label in labels]) for group, labels in groups.items()}
     reference = CLEANRL_MUJOCO if args.case == "mujoco" else None
-    lines += ["", *results.markdown_table(stats, reference)]
+    lines += ["", *report.markdown_table(stats, reference)]
     if not_run:
         lines += ["", f"Not run (or not finished) for this table: {', '.join(not_run)}."]
     if args.case == "mujoco":
         for group, labels in groups.items():
             png = RESULTS / f"learning_mujoco_{group}.png"
-            results.plot_groups({group: [folders[label] for label in labels]}, png, f"{group}, ppo_vec.py preset")
+            runs = {group: [folders[label] for label in labels]}
+            save_png(report.plot_groups(runs, png, f"{group}, ppo_vec.py preset"))
             lines += ["", f"![{group}]({png.name})"]
     plt = save(f"learning_{args.case}", lines, {"finals": finals, "stats": stats, "curves": curves,
                                                 "diagnostics": diagnostics})  # fmt: skip
@@ -159,17 +162,14 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         for label in cmds:
-            points = diagnostics[label].get(panel, [])
-            steps, values = curves[label] if panel == "return" else ([p[0] for p in points], [p[1] for p in points])
-            window = 20 if panel == "return" else 5
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid") if len(values) >= window else values
-            ax.plot(np.array(steps)[len(steps) - len(smooth) :], smooth, label=label, lw=1)
+            steps, values = curves[label] if panel == "return" else diagnostics[label].get(panel, ([], []))
+            ax.plot(steps, values, label=label, lw=1)
         ax.set(title=panel, xlabel="global step")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{args.case}: {target}")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"learning_{args.case}.png", dpi=100)
+    save_png(fig, RESULTS / f"learning_{args.case}.png")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ shell's 130/143 too; under torchrun, whose launcher exits its own way, rank 0's 
 the run got that far), a
 checkpoint exists whenever an iteration had been logged, and a resume from that checkpoint to two more iterations
 logs every iteration exactly once. Prints each stop, then per case and in all: the count, the median and the slowest
-time to end, and every failure.
+time to end, and every failure; the summary also goes to benchmarks/results/stops.md.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import MACHINE, RESULTS  # noqa: E402
 from tests.helpers import alive, descendants, read_scalars  # noqa: E402
 
 WITHIN = 10.0  # seconds a stop may take
@@ -288,21 +289,26 @@ def main() -> None:
     finally:
         for loop in loops:
             loop.kill()
-    print()
-    everything = []
+    command = " ".join(["python benchmarks/stops.py", *sys.argv[1:]])
+    lines = [f"# Stops on a loaded machine ({args.load} busy loops beside the runs)", "",
+             f"`{command}`, {time.strftime('%Y-%m-%d')}, {MACHINE}. A stop passes when every process of the job "
+             "ended within 10 s of the first signal with the stop's exit status, a checkpoint exists whenever an "
+             "iteration had been logged, and a resume logs every iteration once (see the script's docstring).", "",
+             "| case | stops | failed | median time to end | slowest |", "|---|---|---|---|---|"]  # fmt: skip
+    everything, failures = [], []
     for name, rows in [*results.items(), ("all", None)]:
         rows = [r for r in (rows if rows is not None else everything) if r["outcome"] != "finished first"]
         if name != "all":
             everything += rows
-        if not rows:
-            continue
-        times = [r["seconds"] for r in rows]
-        failed = [r for r in rows if r["outcome"] != "ok"]
-        median = statistics.median(times)
-        print(f"{name:15s} {len(rows):3d} stops, {len(failed)} failed; time to end: median {median:.2f} s, slowest "
-              f"{max(times):.2f} s")  # fmt: skip
-        for r in failed:
-            print(f"{'':15s} failed: {r['signal']} at {r['delay']:.1f} s: {r['outcome']}")
+            failures += [f"- {name}: {r['signal']} at {r['delay']:.1f} s: {r['outcome']}" for r in rows
+                         if r["outcome"] != "ok"]  # fmt: skip
+        if rows:
+            times = [r["seconds"] for r in rows]
+            failed = sum(r["outcome"] != "ok" for r in rows)
+            lines.append(f"| {name} | {len(rows)} | {failed} | {statistics.median(times):.2f} s | {max(times):.2f} s |")
+    lines += ["", "Failures:" if failures else "No stop failed.", *failures]
+    print("\n" + "\n".join(lines))
+    (RESULTS / "stops.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.report import MACHINE, RESULTS, save, venv_python  # noqa: E402
+from benchmarks.report import MACHINE, RESULTS, save, save_png, venv_python  # noqa: E402
 from tests.helpers import read_scalars  # noqa: E402
 
 CLEANRL_VENV = REPO / "benchmarks" / ".venv-cleanrl"
@@ -223,7 +223,7 @@ def write_report(samples, args, hopper=None) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(RESULTS / "train_speed.png", dpi=110)
+        save_png(fig, RESULTS / "train_speed.png")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import peers  # noqa: E402
-from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save, venv_python  # noqa: E402
+from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save, save_png, venv_python  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
 
@@ -257,7 +257,7 @@ def plot(plt, results, machine) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"Vector env throughput, {machine}")
     fig.tight_layout()
-    fig.savefig(RESULTS / "vecenv_throughput.png", dpi=110)
+    save_png(fig, RESULTS / "vecenv_throughput.png")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ of envs over processes could give at best); ale-py's AtariVectorEnv set up alike
 the barrier of a step over all envs, ours as two halves each stepped as soon as it answers against ale-py's
 asynchronous mode (each recv() the first n/2 envs done): the same work on both sides. A third table models why a
 step waits, from each env's step times in one process (schedule()): a fixed split against a pool that hands each env
-to whichever thread is free. Ours is timed with forked workers (so that the patched step traces in them);
-benchmarks/vecenv_throughput.py times the default start method.
+to whichever thread is free. Ours is timed with forked workers (each timing its steps through SubprocVecEnv's
+step_trace); benchmarks/vecenv_throughput.py times the default start method.
 
 Each worker records when each step's command started and ended in its process (the same clock as the trainer's);
 the trainer records its step() calls. Per step: period = time between step() calls; busy = a worker's own work;
@@ -42,31 +42,26 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import peers  # noqa: E402
 from benchmarks.report import CORES, MACHINE, save  # noqa: E402
-from common import worker  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
 from ppo_atari_multigpu import make_env  # noqa: E402
 
 TRACE_DIR = tempfile.mkdtemp(prefix="where_time_goes_")
-_step = worker.EnvGroup.step
 _log: list[tuple[float, float]] = []
 
 
-def _traced_step(self, actions_arg):
-    """EnvGroup.step, timed; every 500 steps the worker writes its times so far to a file of its own."""
-    start = time.monotonic()
-    reply = _step(self, actions_arg)
-    _log.append((start, time.monotonic()))
+def trace(start: float, end: float) -> None:
+    """SubprocVecEnv's step_trace, in each worker: every 500 steps it writes its times so far to a file of its own."""
+    _log.append((start, end))
     if len(_log) % 500 == 0:
         np.save(os.path.join(TRACE_DIR, f"{os.getpid()}.npy"), np.array(_log))
-    return reply
 
 
 def measure(n: int, spin: float, steps: int) -> dict[str, float]:
-    """One repetition: `steps` steps of n Breakouts in a worker per core (fork start, so the workers trace)."""
+    """One repetition: `steps` steps of n Breakouts in a worker per core (fork start), each worker tracing its steps."""
     for name in os.listdir(TRACE_DIR):
         os.remove(os.path.join(TRACE_DIR, name))
     envs = SubprocVecEnv([make_env("BreakoutNoFrameskip-v4", i, False, None) for i in range(n)],
-                         num_workers=CORES, worker_spin=spin, context="fork")  # fmt: skip
+                         num_workers=CORES, worker_spin=spin, context="fork", step_trace=trace)  # fmt: skip
     try:
         envs.reset(seed=0)
         actions = np.random.default_rng(0).integers(4, size=(64, n))
@@ -246,7 +241,6 @@ def main() -> None:
             f"--steps must be at least 600 (the first 100 are dropped, workers write their times every 500), "
             f"got {args.steps}"
         )
-    worker.EnvGroup.step = _traced_step  # before the workers fork
     lines = [
         "# Where a step's time goes: Breakout, one worker per core",
         "",

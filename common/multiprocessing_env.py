@@ -13,7 +13,7 @@ a finished env is reset within the same step, its last observation and info are 
 Layout: each worker process steps ``envs_per_worker`` envs per round trip. Observations, actions, rewards and flags
 live in one shared-memory block that workers write in place; the pipe carries a one-byte command and a one-byte
 reply, plus pickled infos only when an env reports any (or the observation space cannot live in shared memory). By
-default the layout is decided (common/layout_choice.py): gymnasium's own pure-Python envs step in the calling
+default the layout is decided (common/vecenv/layout.py): gymnasium's own pure-Python envs step in the calling
 process where a process round trip would cost more than the workers save (8 CartPoles on 2 cores), with the same
 results, API and errors; every other env steps in workers, where it can neither hang nor kill the caller
 (``num_workers=0`` asks for the calling process; it cannot bound or restart a step, so ``step_timeout`` and
@@ -30,17 +30,13 @@ even while inside env code, as long as that code releases the GIL now and then (
 does; C code that holds the GIL for minutes delays it until it returns), and remove the folder multiprocessing's
 forkserver left in the temp dir.
 
-The rooms: the worker loop and its wire protocol (worker.py), the processes seen from here and the in-process
-layout (pools.py), the shared-memory block (shared_arrays.py), the socket framing (channel.py), the layout choice
-(layout_choice.py), process plumbing (processes.py).
+Its parts are private to it, in common/vecenv/ (its __init__ lists them).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import math
-import multiprocessing as mp
 import pickle
 import warnings
 from collections.abc import Callable, Sequence
@@ -50,11 +46,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
-from common import layout_choice, processes, shared_arrays
-from common.pools import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
-from common.worker import Command, space_from_key
+from common.vecenv import layout, process_control, shared_block
+from common.vecenv.arguments import check_arguments, check_layout, check_reset_mask
+from common.vecenv.batching import BatchedSpace, add_info
+from common.vecenv.env_hosts import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
+from common.vecenv.worker import Command, space_from_key
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout", "check_layout"]
 
@@ -70,43 +68,13 @@ class AsyncState(enum.Enum):
     WAITING_STEP = "step"
 
 
-def check_layout(num_workers: int | None, step_timeout: float | None, max_restarts: int, spell=str) -> None:
-    """ValueError when num_workers=0 (every env in this process) comes with step_timeout or max_restarts, which need
-    workers. `spell` writes a parameter's name (a script passes its flag spelling)."""
-    if num_workers == 0 and (step_timeout is not None or max_restarts):
-        raise ValueError(f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither "
-                         f"bounded nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
-                         f"{spell('num_workers')} >= 1")  # fmt: skip
-
-
-class _BatchedSpace:
-    """A vector env's batched space, made from the single one when first asked for (a 50 MB image space batches into
-    GBs, and a training loop never asks)."""
-
-    def __init__(self, single: str):
-        self.single = single
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.attribute = f"_{name}"
-
-    def __get__(self, env: Any, owner: type | None = None) -> Any:
-        if env is None:
-            return self
-        if getattr(env, self.attribute, None) is None:
-            setattr(env, self.attribute, batch_space(getattr(env, self.single), env.num_envs))
-        return getattr(env, self.attribute)
-
-    def __set__(self, env: Any, space: gym.Space) -> None:
-        setattr(env, self.attribute, space)
-
-
 class SubprocVecEnv(VectorEnv):
     """Vector env stepping its envs in worker processes (or in this one); same results as
     SyncVectorEnv(autoreset_mode=SAME_STEP).
 
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
-        num_workers: worker processes; 0 steps every env in this process. None: chosen (common/layout_choice.py):
+        num_workers: worker processes; 0 steps every env in this process. None: chosen (common/vecenv/layout.py):
             this process only for gymnasium's own pure-Python envs, and only where workers would not save more
             than their round trip costs; else one worker per CPU core (at most one per env). Where and why are in
             `placement`, `layout` and `step_seconds`. Workers are used whenever `step_timeout` or `max_restarts` is
@@ -123,8 +91,10 @@ class SubprocVecEnv(VectorEnv):
         close_timeout: seconds `close()` waits for workers to exit before killing them.
         interrupt: ends waits early: an object whose `fileno()` turns readable when the caller wants every wait on
             the workers (building, the layout probe, reset, step, ...) to end, and whose `check()` then raises the
-            caller's exception (the scripts pass their stop request, common/stops.py). A wait it ends leaves the call
-            pending; close() still ends the workers.
+            caller's exception (the scripts pass their stop request, common/run/stops.py). A wait it ends leaves the
+            call pending; close() still ends the workers.
+        step_trace: called in each worker after each step of its envs with the step's start and end
+            (time.monotonic()): for benchmarks that time the workers (it must pickle; none in this process).
         worker_spin: the longest a worker keeps polling for its next command (yielding the CPU) before it
             sleeps. While the trainer's commands come within it (a rollout), the worker never sleeps: no wake-up
             per step, and its caches stay warm (Breakout: 11-15% less time per env step, where_time_goes.py);
@@ -134,8 +104,8 @@ class SubprocVecEnv(VectorEnv):
             takes CPU time from one with work to do).
     """
 
-    observation_space = _BatchedSpace("single_observation_space")
-    action_space = _BatchedSpace("single_action_space")
+    observation_space = BatchedSpace("single_observation_space")
+    action_space = BatchedSpace("single_action_space")
 
     def __init__(
         self,
@@ -151,11 +121,12 @@ class SubprocVecEnv(VectorEnv):
         close_timeout: float = 5.0,
         worker_spin: float | None = None,
         interrupt: Any = None,
+        step_trace: Callable[[float, float], None] | None = None,
     ):
         super().__init__()
         env_fns = list(env_fns)
         seconds = {"step_timeout": step_timeout, "max_wait": max_wait, "close_timeout": close_timeout}
-        _check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds)
+        check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds)
         self.num_envs = n = len(env_fns)
         self.max_restarts, self.restarts, self.step_timeout = max_restarts, 0, step_timeout
         self.max_wait, self.close_timeout = max_wait, close_timeout
@@ -166,31 +137,32 @@ class SubprocVecEnv(VectorEnv):
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
-        self._observation_space = self._action_space = None  # batched: made when first asked for (_BatchedSpace)
+        self._observation_space = self._action_space = None  # batched: made when first asked for (BatchedSpace)
         self._space_keys: tuple = ()  # env 0's, which every env's must equal
 
-        # Layout: asked for, workers when steps must be bounded or restarted, else decided (common/layout_choice.py)
-        context = context or processes.default_context()
+        # Layout: asked for, workers when steps must be bounded or restarted, else decided (common/vecenv/layout.py)
+        context = context or process_control.default_context()
         if num_workers != 0:
-            processes.check_main_guard(context)
-        cores = processes.cores()
+            process_control.check_main_guard(context)
+        cores = process_control.cores()
         workers, figures = min(cores, n) if num_workers is None else min(num_workers, n), {}
         if envs_per_worker is not None:
             workers = -(-n // envs_per_worker)
         elif num_workers is None and step_timeout is None and not max_restarts:
-            workers, figures = layout_choice.choose(env_fns, cores, self._bound, interrupt)
+            workers, figures = layout.choose(env_fns, cores, self._bound, interrupt)
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(slices) if workers else 0
         default_spin = DEFAULT_SPIN if self.num_workers <= cores else 0.0  # a polling worker would take a busy core
         self.worker_spin = (default_spin if worker_spin is None else worker_spin) if workers else 0.0
         self.step_seconds = figures.get("step")
-        self.layout = layout_choice.describe(n, self.num_workers, figures)
+        self.layout = layout.describe(n, self.num_workers, figures)
         self.placement = self.layout.split(" (")[0]  # "8 envs in this process", "8 envs in 2 worker processes"
 
         try:
             if workers:
-                self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt)
+                self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt,
+                                        step_trace)  # fmt: skip
             else:
                 self._pool = InProcessPool(env_fns)
             self._set_spaces(*self._pool.hello(self._bound), shared_memory)
@@ -216,7 +188,7 @@ class SubprocVecEnv(VectorEnv):
         mask = np.ones(self.num_envs, dtype=np.bool_)
         if options is not None and "reset_mask" in options:
             options = dict(options)
-            mask = _check_reset_mask(options.pop("reset_mask"), self.num_envs)
+            mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
         self._reset_workers = [w for w, sl in enumerate(self._pool.slices) if mask[sl].any()]
         self._state = AsyncState.WAITING_RESET
         for w in self._reset_workers:
@@ -327,7 +299,7 @@ class SubprocVecEnv(VectorEnv):
 
     def save_env_states(self) -> bytes | None:
         """Every env's whole state, and the last observations, as bytes for a checkpoint; None if some env cannot be
-        saved (common/env_state.py says which can). Runs env code (pickling), bounded like any command."""
+        saved (common/vecenv/env_state.py says which can). Runs env code (pickling), bounded like any command."""
         self._check_usable("save_env_states")
         for w in range(len(self._pool.slices)):
             self._pool.send(w, Command.SAVE_STATES)
@@ -400,11 +372,11 @@ class SubprocVecEnv(VectorEnv):
         self._check_spaces(0, keys)
         self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
         self.render_mode = render_mode
-        fields, self._obs_in_shm, self._actions_in_shm = shared_arrays.block_fields(
+        fields, self._obs_in_shm, self._actions_in_shm = shared_block.block_fields(
             self.num_envs, self.single_observation_space, self.single_action_space, shared_memory
         )
-        placed, size = shared_arrays.layout(fields)
-        self._views = shared_arrays.views(self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed)
+        placed, size = shared_block.layout(fields)
+        self._views = shared_block.views(self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed)
         self._obs_views = [view for name, view in self._views.items() if name.startswith("obs")]
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
 
@@ -490,33 +462,7 @@ class SubprocVecEnv(VectorEnv):
         return infos
 
     def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
-        """gymnasium's VectorEnv._add_info (the same arrays, dtypes, masks and key order; tested against it), without
-        its new mask array per key and call: Atari envs send three info keys per env and step, merged here while
-        the workers wait."""
-        n = self.num_envs
-        for key, value in env_info.items():
-            array = vector_infos.get(key)
-            if key == "final_obs":
-                if array is None:
-                    array = np.full(n, fill_value=None, dtype=object)
-                array[env_num] = value
-            elif isinstance(value, dict):
-                array = self._add_info({} if array is None else array, value, env_num)
-            else:
-                if array is None:
-                    if type(value) in (int, float, bool) or issubclass(type(value), np.number):
-                        array = np.zeros(n, dtype=type(value))
-                    elif isinstance(value, np.ndarray):
-                        array = np.zeros((n, *value.shape), dtype=value.dtype)
-                    else:
-                        array = np.full(n, fill_value=None, dtype=object)
-                array[env_num] = value
-            mask = vector_infos.get(f"_{key}")
-            if mask is None:
-                mask = np.zeros(n, dtype=np.bool_)
-            mask[env_num] = True
-            vector_infos[key], vector_infos[f"_{key}"] = array, mask
-        return vector_infos
+        return add_info(vector_infos, env_info, env_num, self.num_envs)
 
     def _store_obs(self, w: int, obs_list: list | None) -> None:
         """Observations that came over the pipe (spaces shared memory cannot hold); None where none was sent."""
@@ -526,42 +472,7 @@ class SubprocVecEnv(VectorEnv):
 
     def _observations(self):
         if self._obs_in_shm:
-            return shared_arrays.unflatten(self.single_observation_space, (view.copy() for view in self._obs_views))
+            return shared_block.unflatten(self.single_observation_space, (view.copy() for view in self._obs_views))
         # A fresh batch each time (for custom spaces, such as Text or Graph, a tuple of what the envs sent)
         out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
         return concatenate(self.single_observation_space, self._env_obs, out)
-
-
-def _check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds) -> None:
-    """ValueError for any argument of SubprocVecEnv that cannot work, naming it."""
-    if not env_fns or not all(callable(fn) for fn in env_fns):
-        raise ValueError("env_fns must be a non-empty sequence of zero-argument callables that build an env")
-    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
-        raise ValueError(f"num_workers must be an int >= 0 (0: in this process) or None, got {num_workers!r}")
-    if envs_per_worker is not None and (not isinstance(envs_per_worker, int) or envs_per_worker < 1):
-        raise ValueError(f"envs_per_worker must be a positive int (or None), got {envs_per_worker!r}")
-    if num_workers is not None and envs_per_worker is not None:
-        raise ValueError("give num_workers or envs_per_worker, not both")
-    if context is not None and context not in mp.get_all_start_methods():
-        raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
-    if max_restarts < 0:
-        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-    if worker_spin is not None and not 0 <= worker_spin < math.inf:
-        raise ValueError(f"worker_spin must be >= 0 seconds (or None), got {worker_spin}")
-    for name, value in seconds.items():
-        if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
-    check_layout(num_workers, seconds["step_timeout"], max_restarts)
-
-
-def _check_reset_mask(mask: Any, n: int) -> np.ndarray:
-    """options["reset_mask"], checked as gymnasium's vector envs check it."""
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-    if mask.shape != (n,):
-        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
-    if mask.dtype != np.bool_:
-        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-    if not mask.any():
-        raise ValueError(f"`options['reset_mask']` must select at least one env, got reset_mask={mask}")
-    return mask

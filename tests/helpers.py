@@ -6,11 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from common.results import read_scalars  # noqa: F401 - the tests read runs as the sweep's report does
+from common.run.records import read_scalars  # noqa: F401 - the tests read runs as the sweep's report does
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,6 +80,15 @@ def descendants(root: int | None = None) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def descendants_with_helpers_running() -> set[int]:
+    """descendants() once multiprocessing's own long-lived helpers (the resource tracker, the forkserver) run: the
+    baseline a test compares with, whichever test happens to start them first."""
+    from common.vecenv import process_control
+
+    process_control.start_helpers(process_control.default_context())
+    return descendants()
 
 
 def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):
@@ -177,3 +187,92 @@ def leftovers(before: set[int], within: float = 5.0) -> set[int]:
     while (left := descendants() - before) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+# The two scripts, and flags that make a run of either take seconds.
+VEC = REPO / "ppo_vec.py"
+ATARI = REPO / "ppo_atari_multigpu.py"
+VEC_TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
+ATARI_TINY = ["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "2"]
+FAULT_ENV = ["--env-id", "tests.envs:ScriptedFault-v0"]  # an env a test makes fail (fault_env) at a step it picks
+CLEANRL_TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/learning_rate",
+    "charts/SPS",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+}
+
+
+def all_gone(pids, within: float = 5.0) -> bool:
+    """True once none of `pids` is alive, waiting up to `within` seconds."""
+    deadline = time.monotonic() + within
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not [pid for pid in pids if alive(pid)]
+
+
+def fault_env(tmp_path, fault: str | None = None) -> dict:
+    """The environment variables for FAULT_ENV: where its processes write their pids, and the fault to inject."""
+    pids = tmp_path / "pids"
+    pids.mkdir(exist_ok=True)
+    env = {"PYTHONPATH": str(REPO), "PPO_VEC_TEST_PIDS": str(pids)}
+    if fault:
+        env["PPO_VEC_TEST_FAULT"] = f"{fault}:{tmp_path / 'fault-marker'}"
+    return env
+
+
+def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
+    """Starts a run and returns once it has printed its first progress line (training is under way)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("global_step="):
+            return proc
+    raise AssertionError(f"the run never started training: {proc.communicate()}")
+
+
+def stop(proc: subprocess.Popen, sig: signal.Signals, within: float) -> str:
+    """Sends sig; returns what the run printed on stderr once it exited (within `within` seconds)."""
+    start = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        _, stderr = proc.communicate(timeout=within + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert time.monotonic() - start < within, "took too long to stop"
+    return stderr
+
+
+def start_torchrun(tmp_path, extra=()):
+    """A two-rank Atari job under torchrun, returned once it trains."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
+    cmd += [*ATARI_TINY, "--total-timesteps", "10000000", *extra]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("global_step="):  # rank 0 trains; so does rank 1, in lockstep
+            return proc
+    raise AssertionError(f"torchrun never started training: {proc.communicate()}")
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The process of `rank`: a child of the torchrun launcher (its own workers, forked later, share its variables)."""
+    for pid in descendants(launcher):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            parent = parent_pid(pid)
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and parent == launcher:
+            return pid
+    raise AssertionError(f"no process of rank {rank}")

@@ -4,17 +4,20 @@ traceback, no runs/ folder, no process left behind."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
-from common import checkpointing
+from common.run import checkpointing
 from tests.helpers import REPO, descendants, leftovers, run_script, run_script_many
 
-# Runs the scripts as users do (the README's test command, not the fast tier); under pytest-xdist, on one worker, so
-# that the module's fixture runs every case once.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("bad_input")]
+# Runs the scripts as users do (the README's test command, not the fast tier).
+pytestmark = pytest.mark.e2e
 
 VEC, ATARI = REPO / "ppo_vec.py", REPO / "ppo_atari_multigpu.py"
 
@@ -52,12 +55,12 @@ CASES = [
     (VEC, ["--env-id", "CartPol-v1"], "'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"),
     (VEC, ["--env-id", "ALE/Breakout-v5"], "(210, 160, 3), uint8); ppo_vec.py needs ones that flatten to a vector"),
     (VEC, ["--env-id", "tests.envs:SequenceObs-v0"], "has observations Sequence(Discrete(3), stack=False); ppo_vec"),
-    (VEC, ["--env-id", "CartPole-v1", "--norm-obs"], "--norm-obs normalizes the observations of Box-action envs; Car"),
+    (VEC, ["--env-id", "CartPole-v1", "--norm-obs"], "observations of Box-action envs; --env-id CartPole-v1 has"),
     (VEC, ["--env-id", "my_envs:MyEnv-v0"], "it is looked for in {cwd}, in the script's folder and on PYTHONPATH: run"),
     (VEC, ["--env-id", "tests.envs:OldApi-v0"], "follows the old gym API (its reset takes no seed); the scripts need "
      "gymnasium's: reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, truncated, "
      "info)"),
-    (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari env id"),
+    (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari id (try BreakoutNoFrameskip-v4)"),
     (VEC, ["--step-timeout", "inf"], "--step-timeout must be a finite number, got inf"),
     (ATARI, ["--step-timeout", "1e300"], "--step-timeout must be in (0, 604800] seconds"),
     (VEC, ["--seed", "-1"], "--seed must be >= 0, got -1"),
@@ -69,7 +72,7 @@ CASES = [
      "--num-minibatches must be a divisor of the batch of 80 steps (--num-envs 8 x --num-steps 10), got 3"),
     (ATARI, ["--local-num-envs", "0"], "--local-num-envs must be >= 1, got 0"),
     (VEC, ["--total-timesteps", "1000"], "--total-timesteps must be >= one batch of 1024 steps"),
-    (ATARI, ["--backend", "nccl", "--no-cuda"], "--backend must be gloo on a machine without CUDA"),
+    (ATARI, ["--backend", "nccl", "--no-cuda"], "--backend must be gloo without CUDA (or unset), got nccl"),
 ]  # fmt: skip
 if importlib.util.find_spec("moviepy") is None:
     CASES += [(script, ["--capture-video"], "--capture-video needs moviepy") for script in (VEC, ATARI)]
@@ -82,21 +85,34 @@ if importlib.util.find_spec("wandb") is None:
 IDS = [" ".join([c[0].stem, *c[1]]) for c in CASES]
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
+@pytest.fixture(scope="session")
+def outcomes(tmp_path_factory, worker_id):
     """Every case, each in its own folder, run by forks of one process per script that imported it once (each case's
-    time would be mostly importing torch): {case id: (completed process, folder)}, and the processes alive before."""
-    base, before = tmp_path_factory.mktemp("bad_input"), descendants()
-    folders = [write_files(base / str(i) / "cwd") for i in range(len(CASES))]
+    time would be mostly importing torch): {case id: (completed process, folder)}, and the processes alive before.
+    Run once per session: under pytest-xdist the first worker to ask runs them and the other reads what it wrote
+    (xdist's own grouping is not relied on: with pytest 9 it does not keep a group on one worker)."""
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if worker_id != "master" else shared  # the session's folder, the same for every worker
+    before = descendants()
+    with FileLock(str(shared / "bad_input.lock")):
+        record = shared / "bad_input.json"
+        if not record.exists():
+            base = shared / "bad_input"
+            folders = [write_files(base / str(i) / "cwd") for i in range(len(CASES))]
 
-    def run(script):
-        mine = [i for i, case in enumerate(CASES) if case[0] == script]
-        done = run_script_many(script, [(CASES[i][1], folders[i]) for i in mine], timeout=300)
-        return {IDS[i]: (out, folders[i]) for i, out in zip(mine, done, strict=True)}
+            def run(script):
+                mine = [i for i, case in enumerate(CASES) if case[0] == script]
+                done = run_script_many(script, [(CASES[i][1], folders[i]) for i in mine], timeout=300)
+                pairs = zip(mine, done, strict=True)
+                return {IDS[i]: [out.returncode, out.stdout, out.stderr, str(folders[i])] for i, out in pairs}
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        found = [*pool.map(run, (VEC, ATARI))]
-    return found[0] | found[1], before
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                found = [*pool.map(run, (VEC, ATARI))]
+            record.write_text(json.dumps(found[0] | found[1]))
+        found = json.loads(record.read_text())
+    results = {case: (subprocess.CompletedProcess(case, code, out, err), Path(folder))
+               for case, (code, out, err, folder) in found.items()}  # fmt: skip
+    return results, before
 
 
 @pytest.mark.parametrize(("script", "flags", "message"), CASES, ids=IDS)

@@ -1,5 +1,5 @@
-"""common/checkpointing.py: atomic writes, reads that never run code, one-line refusals, snapshots whose label matches
-their contents, the envs' statistics."""
+"""common/run/checkpointing.py: atomic writes, reads that never run code, one-line refusals, snapshots whose label
+matches their contents, the envs' statistics."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import checkpointing, experiment
-from common.checkpointing import Checkpoints
-from common.experiment import FlagError, RunError
+from common.run import checkpointing, errors
+from common.run.checkpointing import Checkpoints
+from common.run.errors import FlagError, RunError
 from tests.helpers import REPO
 
 RNG = np.random.default_rng(0).bit_generator.state  # a generator's state, as the scripts snapshot it
@@ -62,14 +62,14 @@ def test_a_full_disk_leaves_the_old_checkpoint_and_no_temp_file(tmp_path):
     """A file size limit makes the write fail the way a full disk does (an OSError from write)."""
     code = textwrap.dedent(f"""
         import resource, signal, torch
-        from common import checkpointing, experiment
+        from common.run import checkpointing, errors
         path = {str(tmp_path / "checkpoint.pt")!r}
         checkpointing.save_checkpoint(path, {{"script": "s.py", "value": torch.ones(10)}})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
         try:
             checkpointing.save_checkpoint(path, {{"script": "s.py", "value": torch.zeros(1_000_000)}})
-        except experiment.RunError as exc:
+        except errors.RunError as exc:
             print(exc)
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -117,28 +117,26 @@ def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
         assert "\n" not in str(info.value)
 
 
-def test_resume_refuses_other_sizes_and_says_when_a_run_is_finished(tmp_path):
+def test_resume_refuses_other_ranks_and_says_when_a_run_is_finished(tmp_path):
     model = torch.nn.Linear(2, 1)
     checkpoints = Checkpoints("s.py", Flags(), {"model": model}, steps_per_iteration=32, world_size=2)
     checkpoints.snapshot(5, rng=[RNG, None])
     path = checkpoints.save(tmp_path / "checkpoint.pt")
-    with pytest.raises(FlagError, match="was written with --num-envs 4; resume it with 4, not 8"):
-        checkpoints.resume(str(path), {"num_envs": 8}, num_iterations=10)
     one_rank = Checkpoints("s.py", Flags(), {"model": model}, steps_per_iteration=16, world_size=1)
-    with pytest.raises(FlagError, match=r"the number of ranks \(world size\) 2; resume it with 2, not 1"):
-        one_rank.resume(str(path), {"num_envs": 4}, num_iterations=10)
-    with pytest.raises(experiment.Finished, match="finished its 5 iterations already"):
-        checkpoints.resume(str(path), {"num_envs": 4}, num_iterations=5)
+    with pytest.raises(FlagError, match=r"was written with 2 ranks; resume it with 2, not 1"):
+        one_rank.resume(str(path), num_iterations=10)
+    with pytest.raises(errors.Finished, match="finished its 5 iterations already"):
+        checkpoints.resume(str(path), num_iterations=5)
     with torch.no_grad():
         model.weight.zero_()
-    checkpoint = checkpoints.resume(str(path), {"num_envs": 4}, num_iterations=10)
+    checkpoint = checkpoints.resume(str(path), num_iterations=10)
     assert checkpoint["iteration"] == 5 and checkpoint["global_step"] == 160 and model.weight.abs().sum() > 0
     other = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(3, 1)}, 32, 2)
     with pytest.raises(FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"):
-        other.resume(str(path), {}, 10)
+        other.resume(str(path), 10)
     newer = Checkpoints("s.py", Flags(), {"model": model, "scaler": torch.nn.Linear(1, 1)}, 32, 2)
     with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of s.py \(an older version"):
-        newer.resume(str(path), {}, 10)
+        newer.resume(str(path), 10)
 
 
 @pytest.mark.parametrize("entry", ["iteration", "rng", "scaler"])
@@ -151,7 +149,7 @@ def test_a_checkpoint_missing_an_entry_is_one_line(tmp_path, entry):
     del state[entry]
     checkpointing.save_checkpoint(path, state)
     with pytest.raises(FlagError) as info:
-        checkpoints.resume(str(path), {}, 10)
+        checkpoints.resume(str(path), 10)
     assert str(info.value) == (f"--resume {path} holds no {entry}: not a whole checkpoint of s.py (an older version, "
                                "or a file edited since)")  # fmt: skip
 

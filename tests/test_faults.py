@@ -13,32 +13,27 @@ import pytest
 import torch
 
 from tests.helpers import (
+    ATARI,
+    ATARI_TINY,
+    FAULT_ENV,
     LONG,
     REPO,
+    VEC,
+    VEC_TINY,
     alive,
     descendants,
+    fault_env,
     only_run_dir,
-    parent_pid,
+    rank_pid,
     read_scalars,
     run_command,
     run_script,
+    start_torchrun,
+    start_training,
+    stop,
 )
-from tests.test_ppo_atari_multigpu import SCRIPT as ATARI_SCRIPT
-from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
-from tests.test_ppo_vec import SCRIPT, TINY
 
 pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
-
-FAULT_ENV = ["--env-id", "tests.envs:ScriptedFault-v0"]
-
-
-def fault_env(tmp_path, fault: str | None = None) -> dict:
-    pids = tmp_path / "pids"
-    pids.mkdir(exist_ok=True)
-    env = {"PYTHONPATH": str(REPO), "PPO_VEC_TEST_PIDS": str(pids)}
-    if fault:
-        env["PPO_VEC_TEST_FAULT"] = f"{fault}:{tmp_path / 'fault-marker'}"
-    return env
 
 
 def assert_workers_gone(tmp_path, within: float = 5.0) -> None:
@@ -52,8 +47,8 @@ def assert_workers_gone(tmp_path, within: float = 5.0) -> None:
 
 @pytest.mark.parametrize("fault", ["sigkill:30", *LONG("raise:30", "hang:30")])
 def test_crash_without_restarts_stops_with_the_worker_error(tmp_path, fault):
-    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--step-timeout", "2"]
-    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
+    args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--step-timeout", "2"]
+    out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
     assert out.returncode != 0
     expected = {
         "sigkill": "was killed by SIGKILL",
@@ -66,8 +61,8 @@ def test_crash_without_restarts_stops_with_the_worker_error(tmp_path, fault):
 
 @pytest.mark.parametrize("fault", ["hang:30", *LONG("sigkill:30", "raise:30")])
 def test_crash_with_restarts_finishes_training(tmp_path, fault):
-    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--step-timeout", "2", "--max-restarts", "1"]
-    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
+    args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--step-timeout", "2", "--max-restarts", "1"]
+    out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
     assert out.returncode == 0, out.stderr
     assert "restarting worker" in out.stderr and "global_step=2048/2048" in out.stdout
     assert read_scalars(only_run_dir(tmp_path))["charts/worker_restarts"][-1][1] == 1
@@ -78,8 +73,8 @@ def test_crash_with_restarts_finishes_training(tmp_path, fault):
 def test_an_env_of_yours_that_crashes_late_is_named_and_saved_with_default_flags(tmp_path, fault):
     """A cheap env of yours that crashes at its 2000th step, with no layout flag given: it steps in workers, so the
     crash is a named WorkerError and the last iteration is saved (in the trainer it would take the run with it)."""
-    args = ["--env-id", f"tests.envs:FailsLater-{fault}-v0", *TINY, "--total-timesteps", "100000"]
-    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
+    args = ["--env-id", f"tests.envs:FailsLater-{fault}-v0", *VEC_TINY, "--total-timesteps", "100000"]
+    out = run_script(VEC, args, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 1, out.stderr
     died = r"was killed by SIGSEGV \(exit code -11\)" if fault == "segfault" else "exited with code 3"
     assert re.search(rf"ppo_vec.py: error: worker \d \(pid \d+, envs \[\d, \d\]\) {died} during 'step'", out.stderr)
@@ -89,40 +84,16 @@ def test_an_env_of_yours_that_crashes_late_is_named_and_saved_with_default_flags
 def test_a_short_step_timeout_bounds_the_envs_work_not_the_probes_start(tmp_path):
     """--step-timeout 0.1 on CartPole: the probe that checks the env takes longer than that to start Python, which the
     bound does not count; the run trains."""
-    out = run_script(SCRIPT, [*TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120)
+    out = run_script(VEC, [*VEC_TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120)
     assert out.returncode == 0 and "global_step=256/256" in out.stdout, out.stderr
-
-
-def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
-    """Starts a run and returns once it has printed its first progress line (training is under way)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("global_step="):
-            return proc
-    raise AssertionError(f"the run never started training: {proc.communicate()}")
-
-
-def stop(proc: subprocess.Popen, sig: signal.Signals, within: float) -> str:
-    """Sends sig; returns what the run printed on stderr once it exited (within `within` seconds)."""
-    start = time.monotonic()
-    proc.send_signal(sig)
-    try:
-        _, stderr = proc.communicate(timeout=within + 30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    assert time.monotonic() - start < within, "took too long to stop"
-    return stderr
 
 
 @pytest.mark.parametrize(
     ("script", "args", "sig"),
     [
-        (SCRIPT, [*FAULT_ENV, *TINY, "--num-workers", "2"], signal.SIGINT),
-        pytest.param(SCRIPT, [*TINY, "--env-id", "Pendulum-v1"], signal.SIGTERM, marks=pytest.mark.long),
-        pytest.param(ATARI_SCRIPT, ATARI_TINY, signal.SIGTERM, marks=pytest.mark.long),  # 2 ranks: SIGINT test below
+        (VEC, [*FAULT_ENV, *VEC_TINY, "--num-workers", "2"], signal.SIGINT),
+        pytest.param(VEC, [*VEC_TINY, "--env-id", "Pendulum-v1"], signal.SIGTERM, marks=pytest.mark.long),
+        pytest.param(ATARI, ATARI_TINY, signal.SIGTERM, marks=pytest.mark.long),  # 2 ranks: SIGINT test below
     ],
     ids=["ppo_vec-SIGINT", "ppo_vec-box-SIGTERM", "atari-SIGTERM"],
 )
@@ -143,7 +114,7 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
     if FAULT_ENV[1] in args:
         assert_workers_gone(tmp_path)
     checkpoint = torch.load(checkpoint_path, weights_only=True)
-    steps_per_iteration = 16 if script == ATARI_SCRIPT else 128  # the iteration under way may be the first
+    steps_per_iteration = 16 if script == ATARI else 128  # the iteration under way may be the first
     total = checkpoint["global_step"] + 2 * steps_per_iteration
     out = run_script(script, [*args, "--total-timesteps", total, "--resume", checkpoint_path], tmp_path, timeout=300,
                      extra_env=fault_env(tmp_path))  # fmt: skip
@@ -155,7 +126,7 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
 
 def test_sigterm_while_the_envs_are_built_exits_143_quietly(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
-    cmd = [sys.executable, str(SCRIPT), "--env-id", "tests.envs:SlowToBuild-v0", *TINY, "--total-timesteps", "256"]
+    cmd = [sys.executable, str(VEC), "--env-id", "tests.envs:SlowToBuild-v0", *VEC_TINY, "--total-timesteps", "256"]
     cmd += ["--num-workers", "2"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
@@ -174,38 +145,13 @@ def test_sigterm_while_the_envs_are_built_exits_143_quietly(tmp_path):
 
 
 def test_nan_stops_with_the_iteration_named_and_saves_nothing(tmp_path):
-    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--save-model"]
-    out = run_script(SCRIPT, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, "nan:70"))
+    args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--save-model"]
+    out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, "nan:70"))
     assert out.returncode == 1
     assert out.stderr.startswith("ppo_vec.py: error: iteration 3 (global_step 384): the loss or the weights became "
                                  "NaN/Inf; look for NaN/Inf in observations or rewards")  # fmt: skip
     assert not [p for p in only_run_dir(tmp_path).iterdir() if p.suffix in (".pt", ".cleanrl_model")]
     assert_workers_gone(tmp_path)
-
-
-def start_torchrun(tmp_path, extra=()):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI_SCRIPT)]
-    cmd += [*ATARI_TINY, "--total-timesteps", "10000000", *extra]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("global_step="):  # rank 0 trains; so does rank 1, in lockstep
-            return proc
-    raise AssertionError(f"torchrun never started training: {proc.communicate()}")
-
-
-def rank_pid(launcher: int, rank: int) -> int:
-    """The process of `rank`: a child of the torchrun launcher (its own workers, forked later, share its variables)."""
-    for pid in descendants(launcher):
-        try:
-            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            parent = parent_pid(pid)
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and parent == launcher:
-            return pid
-    raise AssertionError(f"no process of rank {rank}")
 
 
 def test_ctrl_c_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
@@ -227,7 +173,7 @@ def test_ctrl_c_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["world_size"] == 2 and checkpoint["rng"][1] is None  # a stop reaches rank 0's state alone
     total = checkpoint["global_step"] + 64  # two more global iterations
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI_SCRIPT)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
     cmd += [*ATARI_TINY, "--total-timesteps", str(total), "--resume", str(run_dir / "checkpoint.pt")]
     out = run_command(cmd, tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -19,9 +19,9 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
-from common.channel import Channel
 from common.multiprocessing_env import SubprocVecEnv, WorkerError, WorkerTimeout
-from common.worker import SHORT_SPIN
+from common.vecenv.messages import Channel
+from common.vecenv.worker import SHORT_SPIN
 from tests.envs import (
     DictObsEnv,
     FaultyEnv,
@@ -33,7 +33,7 @@ from tests.envs import (
     failing_factory,
     make_counter,
 )
-from tests.helpers import REPO, alive, assert_same, descendants
+from tests.helpers import REPO, alive, all_gone, assert_same, descendants, descendants_with_helpers_running
 
 CONTEXTS = ["forkserver", "spawn", "fork"]
 
@@ -359,9 +359,7 @@ def test_gymnasium_wrappers_that_work_on_top_give_syncs_results():
 @pytest.fixture
 def no_orphans():
     """Asserts that a test leaves no process behind that was not there before it (the forkserver excepted)."""
-    warm = SubprocVecEnv([make_counter], num_workers=1, context="forkserver")
-    warm.close()
-    before = descendants()
+    before = descendants_with_helpers_running()
     yield
     deadline = time.monotonic() + 5
     while descendants() - before and time.monotonic() < deadline:
@@ -602,14 +600,6 @@ def bounded():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
-
-
-def all_gone(pids, within: float = 5.0) -> bool:
-    """True once none of `pids` is alive, waiting up to `within` seconds."""
-    deadline = time.monotonic() + within
-    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not [pid for pid in pids if alive(pid)]
 
 
 @pytest.mark.parametrize("helper", ["fork", "exec"])

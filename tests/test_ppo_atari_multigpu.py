@@ -17,20 +17,25 @@ import pytest
 import torch
 
 from common.atari_wrappers import AtariPipeline, EpisodicLifeEnv, FireResetEnv, deepmind, deepmind_wrappers
-from tests.helpers import REPO, assert_same, only_run_dir, read_scalars, run_command, run_script
-from tests.test_ppo_vec import CLEANRL_TAGS
+from tests.helpers import (
+    ATARI,
+    ATARI_TINY,
+    CLEANRL_TAGS,
+    REPO,
+    assert_same,
+    only_run_dir,
+    read_scalars,
+    run_command,
+    run_script,
+)
 
 sys.path.insert(0, str(REPO))
 import ppo_atari_multigpu  # noqa: E402
 import ppo_vec  # noqa: E402
 
-SCRIPT = REPO / "ppo_atari_multigpu.py"
-# 2 envs x 8 steps per rank: one iteration is a handful of CNN updates on CPU.
-TINY = ["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "2"]
-
 
 def torchrun(args, cwd, nproc=2, timeout=300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ATARI)]
     return run_command([*cmd, *map(str, args)], cwd, timeout)
 
 
@@ -73,7 +78,7 @@ def test_what_both_scripts_do_is_written_the_same_way():
 
 @pytest.mark.e2e
 def test_one_rank_logs_cleanrl_tags(tmp_path):
-    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "48"], tmp_path)
+    out = run_script(ATARI, [*ATARI_TINY, "--total-timesteps", "48"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "global_step=48/48" in out.stdout
     scalars = read_scalars(only_run_dir(tmp_path))
@@ -92,7 +97,7 @@ def test_two_ranks_with_gloo_stay_identical_and_stop_early_together(tmp_path):
     the KLs the ranks see, over many epochs, puts their local KLs on both sides of it again and again: decided on the
     mean over ranks, every rank stops at the same epoch; a rank deciding alone would leave the other blocked in an
     all-reduce that never comes (the job hangs or fails)."""
-    args = [*TINY, "--update-epochs", "12", "--target-kl", "0.0005", "--learning-rate", "0.003"]
+    args = [*ATARI_TINY, "--update-epochs", "12", "--target-kl", "0.0005", "--learning-rate", "0.003"]
     out = torchrun([*args, "--total-timesteps", "160"], tmp_path, timeout=120)  # 160 global steps: 5 iterations
     assert out.returncode == 0, out.stdout + out.stderr
     assert "on cpu, x 2 ranks, env seeds [[1, 2], [3, 4]]" in out.stdout
@@ -129,7 +134,7 @@ def test_two_nodes_on_localhost(tmp_path):
             str(node_rank),
         ]
         launch += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "ppo-vec-test"]
-        cmd = [sys.executable, *launch, str(SCRIPT), *TINY, "--total-timesteps", "64"]
+        cmd = [sys.executable, *launch, str(ATARI), *ATARI_TINY, "--total-timesteps", "64"]
         nodes.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs

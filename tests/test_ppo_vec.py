@@ -14,26 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import REPO, only_run_dir, read_scalars, run_script
+from common.normalize import ObsNormalizer, RewardScaler
+from tests.helpers import (
+    CLEANRL_TAGS,
+    FAULT_ENV,
+    REPO,
+    VEC,
+    VEC_TINY,
+    fault_env,
+    only_run_dir,
+    read_scalars,
+    run_script,
+)
 
 sys.path.insert(0, str(REPO))
 import ppo_vec  # noqa: E402
-
-SCRIPT = REPO / "ppo_vec.py"
-CLEANRL_TAGS = {
-    "charts/episodic_return",
-    "charts/episodic_length",
-    "charts/learning_rate",
-    "charts/SPS",
-    "losses/value_loss",
-    "losses/policy_loss",
-    "losses/entropy",
-    "losses/old_approx_kl",
-    "losses/approx_kl",
-    "losses/clipfrac",
-    "losses/explained_variance",
-}
-TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 
 
 def test_compute_gae_by_hand():
@@ -100,7 +95,7 @@ def test_categorical_log_prob_and_entropy_match_torch_distributions():
 
 @pytest.mark.e2e
 def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
-    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1024", "--seed", "3"], tmp_path)
+    out = run_script(VEC, [*VEC_TINY, "--total-timesteps", "1024", "--seed", "3"], tmp_path)
     assert out.returncode == 0, out.stderr
     run_dir = only_run_dir(tmp_path)
     assert out.stdout.startswith("ppo_vec.py: CartPole-v1, 4 envs in this process, agent on cpu; results in runs/")
@@ -121,34 +116,33 @@ def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
 def test_a_run_leaves_its_results_and_says_how_it_ended(tmp_path):
     """The quickstart's command with a total that is not a multiple of the batch: the last iteration's progress line,
     the closing line, the run folder's files, and the README's evaluation command right after."""
-    out = run_script(SCRIPT, [*TINY, "--total-timesteps", "1000", "--num-workers", "0"], tmp_path)  # 7 x 128
+    out = run_script(VEC, [*VEC_TINY, "--total-timesteps", "1000", "--num-workers", "0"], tmp_path)  # 7 x 128
     assert out.returncode == 0, out.stderr
     run_dir = only_run_dir(tmp_path)
     lines = out.stdout.splitlines()
     assert lines[-2].startswith("global_step=896/896 SPS=")
     assert re.fullmatch(rf"ppo_vec.py: done: 896 of 896 steps in 0:00:\d\d \(\d+ SPS\), last-20 return \d+\.\d; "
                         rf"results in runs/{run_dir.name} \(tensorboard --logdir runs\); evaluate with: python "
-                        rf"{SCRIPT} --eval-checkpoint runs/{run_dir.name}/checkpoint.pt", lines[-1])  # fmt: skip
+                        rf"{VEC} --eval-checkpoint runs/{run_dir.name}/checkpoint.pt", lines[-1])  # fmt: skip
     assert {p.name for p in run_dir.iterdir()} >= {"args.json", "summary.json", "checkpoint.pt", "curve.png"}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["global_step"] == 896 and summary["checkpoint_iteration"] == 7
     assert json.loads((run_dir / "args.json").read_text())["total_timesteps"] == 1000
     evaluate = ["--eval-checkpoint", f"runs/{run_dir.name}/checkpoint.pt", "--eval-episodes", "2"]
-    out = run_script(SCRIPT, evaluate, tmp_path)
+    out = run_script(VEC, evaluate, tmp_path)
     assert out.returncode == 0 and "eval: mean return" in out.stdout and "over 2 episodes" in out.stdout, out.stderr
 
 
 @pytest.mark.e2e
 def test_a_failed_run_saves_its_last_iteration_and_says_so(tmp_path):
-    from tests.test_faults import FAULT_ENV, fault_env
 
-    args = [*FAULT_ENV, *TINY, "--total-timesteps", "2048", "--num-workers", "2"]
-    out = run_script(SCRIPT, args, tmp_path, extra_env=fault_env(tmp_path, "raise:70"))
+    args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--num-workers", "2"]
+    out = run_script(VEC, args, tmp_path, extra_env=fault_env(tmp_path, "raise:70"))
     assert out.returncode == 1
     run_dir = only_run_dir(tmp_path)
     assert "ppo_vec.py: error: env " in out.stderr and "raised ValueError: boom" in out.stderr  # at its 70th step
     assert out.stderr.splitlines()[-1].startswith("ppo_vec.py: failed: 256 of 2048 steps in ")
-    assert out.stderr.endswith(f"; continue with: python {SCRIPT} --resume runs/{run_dir.name}/checkpoint.pt\n")
+    assert out.stderr.endswith(f"; continue with: python {VEC} --resume runs/{run_dir.name}/checkpoint.pt\n")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["checkpoint_iteration"] == 2  # the last whole iteration
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] == 2
@@ -180,7 +174,7 @@ def test_obs_normalizer_gives_one_running_mean_std_over_all_envs():
     same batches, to the bit, clipped to +-10; off, observations pass unchanged; frozen (update=False), none count."""
     from gymnasium.wrappers.utils import RunningMeanStd
 
-    rng, normalize, reference = np.random.default_rng(0), ppo_vec.ObsNormalizer(3, True), RunningMeanStd(shape=(3,))
+    rng, normalize, reference = np.random.default_rng(0), ObsNormalizer(3, True), RunningMeanStd(shape=(3,))
     for _ in range(50):
         batch = rng.normal([1.0, -50.0, 0.0], [1.0, 10.0, 1e-3], (8, 3)).astype(np.float32)
         reference.update(batch)
@@ -188,7 +182,7 @@ def test_obs_normalizer_gives_one_running_mean_std_over_all_envs():
         np.testing.assert_array_equal(normalize(batch), expected)
     assert normalize.count.item() == reference.count and (np.abs(normalize(batch * 1e6, update=False)) == 10).any()
     assert normalize.count.item() == reference.count  # a frozen look counts nothing
-    off = ppo_vec.ObsNormalizer(3, False)
+    off = ObsNormalizer(3, False)
     assert off(batch) is batch and off.count.item() == 1e-4
 
 
@@ -197,7 +191,7 @@ def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
     env, over episodes that end by termination and by truncation: the same numbers, to the bit."""
     envs = [gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 15 + 10 * i) for i in range(3)]
     wrapped = [gym.wrappers.ClipReward(gym.wrappers.NormalizeReward(e, gamma=0.95), -10, 10) for e in envs]
-    scaler, rng, ended = ppo_vec.RewardScaler(3, gamma=0.95), np.random.default_rng(0), [0, 0]
+    scaler, rng, ended = RewardScaler(3, gamma=0.95), np.random.default_rng(0), [0, 0]
     for i, env in enumerate(wrapped):
         env.reset(seed=i)
     for _ in range(300):
@@ -216,9 +210,9 @@ def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
 @pytest.mark.e2e
 @pytest.mark.parametrize("norm_obs", [True, False])
 def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
-    args = [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
+    args = [*VEC_TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
     args += ["--num-workers", "0"]  # the layout plays no part
-    out = run_script(SCRIPT, [*args, "--norm-obs" if norm_obs else "--no-norm-obs"], tmp_path)
+    out = run_script(VEC, [*args, "--norm-obs" if norm_obs else "--no-norm-obs"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "global_step=256/256" in out.stdout and "eval: mean return" in out.stdout
     run_dir = only_run_dir(tmp_path)
@@ -230,7 +224,7 @@ def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     assert counted == pytest.approx(4 * 65 + 1e-4) if norm_obs else counted == 1e-4  # 4 envs: a reset, 64 steps
     assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
     # Evaluating later, from the file alone.
-    out = run_script(SCRIPT, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path)
+    out = run_script(VEC, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval: mean return" in out.stdout and "over 1 episodes" in out.stdout
 
@@ -238,7 +232,7 @@ def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
 @pytest.mark.e2e
 def test_evaluation_uses_the_saved_observation_statistics(tmp_path):
     """A policy that acts on its (normalized) observation gets different returns once the statistics change."""
-    out = run_script(SCRIPT, [*TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--checkpoint-interval",
+    out = run_script(VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--checkpoint-interval",
                               "1"], tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     path = only_run_dir(tmp_path) / "checkpoint.pt"
@@ -249,10 +243,10 @@ def test_evaluation_uses_the_saved_observation_statistics(tmp_path):
         checkpoint["model"]["actor.0.weight"][0, 2] = 1.0
         checkpoint["model"]["actor.4.weight"][0, 0] = 5.0
     torch.save(checkpoint, path)
-    first = ppo_vec.evaluate(str(path), 1, torch.device("cpu"))
+    first = ppo_vec.evaluate(ppo_vec.Args(eval_episodes=1), str(path), torch.device("cpu"))
     checkpoint["obs_normalizer"]["mean"] += 5.0
     torch.save(checkpoint, path)
-    assert ppo_vec.evaluate(str(path), 1, torch.device("cpu")) != first
+    assert ppo_vec.evaluate(ppo_vec.Args(eval_episodes=1), str(path), torch.device("cpu")) != first
 
 
 @pytest.mark.e2e
@@ -260,10 +254,10 @@ def test_copied_script_runs_alone(tmp_path):
     """The copy-paste promise: ppo_vec.py plus common/ in an empty folder outside the repo is all it needs."""
     project = tmp_path / "my_research"
     project.mkdir()
-    shutil.copy(SCRIPT, project)
+    shutil.copy(VEC, project)
     shutil.copytree(REPO / "common", project / "common", ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PYTHONPATH": ""}
-    out = run_script(project / "ppo_vec.py", [*TINY, "--total-timesteps", "256"], project, extra_env=env)
+    out = run_script(project / "ppo_vec.py", [*VEC_TINY, "--total-timesteps", "256"], project, extra_env=env)
     assert out.returncode == 0, out.stderr
     assert "global_step=256/256" in out.stdout
     assert str(REPO) not in out.stderr
@@ -275,7 +269,7 @@ def test_same_seed_same_parameters_and_returns(tmp_path):
     for run in ("a", "b"):
         cwd = tmp_path / run
         cwd.mkdir()
-        out = run_script(SCRIPT, [*TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"], cwd)
+        out = run_script(VEC, [*VEC_TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"], cwd)
         assert out.returncode == 0, out.stderr
         run_dir = only_run_dir(cwd)
         returns = read_scalars(run_dir)["charts/episodic_return"]
@@ -291,9 +285,9 @@ def test_truncation_is_bootstrapped_not_terminated(tmp_path):
     """Reward 1 per step, episodes only ever cut at 5 steps: V must approach 1 / (1 - gamma) = 20, not ~3."""
     args = ["--env-id", "tests.envs:ConstantReward-v0", "--gamma", "0.95", "--learning-rate", "3e-3", "--no-clip-vloss"]
     args += ["--no-norm-reward"]  # V in raw reward units
-    args += [*TINY, "--total-timesteps", "12800", "--save-model", "--eval-episodes", "0", "--no-anneal-lr"]
+    args += [*VEC_TINY, "--total-timesteps", "12800", "--save-model", "--eval-episodes", "0", "--no-anneal-lr"]
     args += ["--num-workers", "0"]  # the layout plays no part
-    out = run_script(SCRIPT, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
+    out = run_script(VEC, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     model = torch.load(only_run_dir(tmp_path) / "ppo_vec.cleanrl_model", weights_only=True)["model"]
     agent = ppo_vec.Agent(2, ppo_vec.gym.spaces.Discrete(2))
@@ -304,8 +298,8 @@ def test_truncation_is_bootstrapped_not_terminated(tmp_path):
 
 @pytest.mark.e2e
 def test_an_env_whose_close_raises_does_not_stop_the_run(tmp_path):
-    args = [*TINY, "--env-id", "tests.envs:CloseRaises-v0", "--total-timesteps", "256"]
-    out = run_script(SCRIPT, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
+    args = [*VEC_TINY, "--env-id", "tests.envs:CloseRaises-v0", "--total-timesteps", "256"]
+    out = run_script(VEC, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "global_step=256/256" in out.stdout
 
@@ -313,7 +307,7 @@ def test_an_env_whose_close_raises_does_not_stop_the_run(tmp_path):
 @pytest.mark.e2e
 def test_help_opens_with_the_description_and_commands_and_documents_every_flag():
     env = dict(os.environ, COLUMNS="200")
-    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run([sys.executable, str(VEC), "--help"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0
     assert "PPO for flat-observation gymnasium envs" in out.stdout
     assert "python ppo_vec.py --env-id CartPole-v1 --num-envs 8" in out.stdout

@@ -6,11 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import only_run_dir, read_scalars, run_script
-from tests.test_ppo_atari_multigpu import SCRIPT as ATARI
-from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
-from tests.test_ppo_vec import SCRIPT as VEC
-from tests.test_ppo_vec import TINY as VEC_TINY
+from tests.helpers import ATARI, ATARI_TINY, VEC, VEC_TINY, only_run_dir, read_scalars, run_script
 
 pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
 

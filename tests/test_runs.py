@@ -20,13 +20,15 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from common import checkpointing, experiment, results, sweep
-from common.checkpointing import Checkpoints
-from common.experiment import FlagError, RunError
-from tests.helpers import REPO, alive, only_run_dir, read_scalars, run_command, run_script
+from common.run import checkpointing, folder, lifecycle, records
+from common.run.checkpointing import Checkpoints
+from common.run.errors import FlagError, RunError
+from common.sweep import report, runs
+from tests.helpers import REPO, VEC_TINY, alive, only_run_dir, read_scalars, run_command, run_script
 
 VEC = REPO / "ppo_vec.py"
-TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--num-workers", "0"]
+
+TINY = [*VEC_TINY, "--num-workers", "0"]  # in-process: the fastest run there is
 
 
 @dataclasses.dataclass
@@ -44,17 +46,17 @@ class Flags:
 
 
 # ------------------------------------------------------------------------------------------------- a run's identity
-def write_folder(runs, name, given=None, status="done", global_step=1000, **flags) -> object:
+def write_folder(runs_dir, name, given=None, status="done", global_step=1000, **flags) -> object:
     """A run folder as a script leaves it (its seed the one its name says, given as a sweep gives it): args.json
     (flags, defaults, what its command line gave), summary.json, a checkpoint file."""
-    folder = runs / name
+    folder = runs_dir / name
     folder.mkdir(parents=True)
     flags["seed"] = int(name.split("__")[2])
     given = sorted(flags) if given is None else [*given, "seed"]
     record = {"script": "s.py", **dataclasses.asdict(Flags(**flags)), "defaults": dataclasses.asdict(Flags()),
               "given": given, "resumes": []}  # fmt: skip
-    results.write_json(folder / "args.json", record)
-    results.write_json(folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000})
+    records.write_json(folder / "args.json", record)
+    records.write_json(folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000})
     (folder / "checkpoint.pt").write_bytes(b"")
     return folder
 
@@ -63,21 +65,21 @@ def test_flags_are_read_as_the_script_would_read_them():
     like = dataclasses.asdict(Flags())
     words = ["--learning-rate", "1e-3", "--gamma=0.95", "--no-norm-obs", "--device-ids", "0", "1", "--seed", "3",
              "--resume", "None", "--unknown", "x"]  # fmt: skip
-    assert sweep.parse_flags(words, like) == {"learning_rate": 1e-3, "gamma": 0.95, "norm_obs": False,
+    assert runs.parse_flags(words, like) == {"learning_rate": 1e-3, "gamma": 0.95, "norm_obs": False,
                                               "device_ids": [0, 1], "seed": 3, "resume": None}  # fmt: skip
 
 
 def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
-    runs = tmp_path / "runs"
-    run = sweep.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "500", "--learning-rate", "1e-3"],
+    runs_dir = tmp_path / "runs"
+    run = runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "500", "--learning-rate", "1e-3"],
                     str(tmp_path))  # fmt: skip
     assert run.command()[1] == "start"
-    write_folder(runs, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=500_000)
+    write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=500_000)
     cmd, what = run.command()  # the default rate there: a new run beside it, and why
     assert cmd and what == ("start (a new run: CartPole-v1__exp__1__1 was made with other flags: --learning-rate "
                             "0.00025 there, 0.001 here)")  # fmt: skip
     made = write_folder(
-        runs,
+        runs_dir,
         "CartPole-v1__exp__1__2",
         learning_rate=1e-3,
         total_timesteps=500,
@@ -89,18 +91,18 @@ def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
     assert run.folder() == made and run.command()[1] == "finished before: skipped"
     run.flags = ["--total-timesteps", "800", "--learning-rate", "0.001"]
     assert run.command() == ([*run.command()[0][:-2], "--resume", str(made / "checkpoint.pt")], "resume")
-    results.write_json(made / "summary.json", {"status": "stopped by SIGTERM", "global_step": 96})
+    records.write_json(made / "summary.json", {"status": "stopped by SIGTERM", "global_step": 96})
     assert run.command()[1] == "resume"
-    experiment.hold(made)  # a live process writes it
+    folder.hold(made)  # a live process writes it
     assert run.command() == ([], f"running in process {os.getpid()}: skipped")
 
 
 def test_one_writer_per_run_folder(tmp_path):
-    assert results.writer(tmp_path) is None
-    experiment.hold(tmp_path)
-    assert results.writer(tmp_path) == os.getpid()
+    assert records.writer(tmp_path) is None
+    folder.hold(tmp_path)
+    assert records.writer(tmp_path) == os.getpid()
     with pytest.raises(FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "):
-        experiment.hold(tmp_path)  # another open file: refused, even in the same process
+        folder.hold(tmp_path)  # another open file: refused, even in the same process
 
 
 def write_events(folder, steps_logged, returns=(1.0,) * 20):
@@ -113,19 +115,19 @@ def write_events(folder, steps_logged, returns=(1.0,) * 20):
 
 
 def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tmp_path):
-    runs = tmp_path / "runs"
-    ok = write_folder(runs, "CartPole-v1__exp__1__1", learning_rate=1e-3)
+    runs_dir = tmp_path / "runs"
+    ok = write_folder(runs_dir, "CartPole-v1__exp__1__1", learning_rate=1e-3)
     write_events(ok, [500, 1000], returns=[100.0] * 20)
-    truncated = write_folder(runs, "CartPole-v1__exp__2__1", learning_rate=1e-3)
+    truncated = write_folder(runs_dir, "CartPole-v1__exp__2__1", learning_rate=1e-3)
     write_events(truncated, [500], returns=[7.0] * 20)  # its events end halfway: a damaged file
-    stopped = write_folder(runs, "CartPole-v1__exp__3__1", learning_rate=1e-3, status="stopped by SIGTERM",
+    stopped = write_folder(runs_dir, "CartPole-v1__exp__3__1", learning_rate=1e-3, status="stopped by SIGTERM",
                            global_step=460)  # fmt: skip
     write_events(stopped, [460], returns=[3.0] * 20)
-    other = write_folder(runs, "CartPole-v1__exp__5__1", learning_rate=0.5)  # other flags: not this sweep's run
+    other = write_folder(runs_dir, "CartPole-v1__exp__5__1", learning_rate=0.5)  # other flags: not this sweep's run
     write_events(other, [1000], returns=[-50.0] * 20)
     flags = ["--learning-rate", "1e-3"]
-    asked = [sweep.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2, 3, 4, 5)]
-    text = "\n".join(sweep.report(asked, tmp_path / "report"))
+    asked = [runs.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2, 3, 4, 5)]
+    text = "\n".join(report.report(asked, tmp_path / "report"))
     assert "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
     assert "- CartPole-v1 seed 2: unreadable: its events end at step 500, its summary at 1000" in text
     assert "- CartPole-v1 seed 3: unfinished: stopped by SIGTERM at 46%" in text
@@ -146,14 +148,14 @@ def test_a_checkpoint_whose_fields_are_wrong_is_one_line(tmp_path, field, value)
     path = tmp_path / "checkpoint.pt"
     checkpointing.save_checkpoint(path, checkpoints.last)
     with pytest.raises(FlagError) as info:
-        checkpoints.resume(str(path), {}, 10)
+        checkpoints.resume(str(path), 10)
     assert str(info.value) == (f"--resume {path} holds a {field} no run of s.py writes: a file edited since, or "
                                "damaged")  # fmt: skip
 
 
 def test_the_summary_names_the_checkpoint_on_disk_after_a_failed_save(tmp_path, monkeypatch):
     checkpoints = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(2, 1)}, 32)
-    run = experiment.Run("s.py", tmp_path, checkpoints, experiment.Progress(3200))
+    run = lifecycle.Run("s.py", tmp_path, checkpoints, folder.Progress(3200))
     checkpoints.snapshot(32, rng=[rng_state()])
     run.save()
 
@@ -177,7 +179,7 @@ def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
 
     def resumed(*argv):
         monkeypatch.setattr(sys, "argv", ["s.py", *argv])
-        return checkpointing.trained_flags(Flags(**sweep.parse_flags(list(argv), dataclasses.asdict(Flags()))), "s.py")
+        return checkpointing.trained_flags(Flags(**runs.parse_flags(list(argv), dataclasses.asdict(Flags()))), "s.py")
 
     assert resumed("--resume", path) == Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2, resume=path)
     changed = resumed("--resume", path, "--total-timesteps", "5000", "--checkpoint-interval", "0", "--gamma", "0.95")
@@ -191,13 +193,13 @@ def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
 
 def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["s.py", "--learning-rate", "0.001"])
-    experiment.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False))
+    folder.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False))
     monkeypatch.setattr(sys, "argv", ["s.py", "--resume", "x", "--checkpoint-interval", "3"])
-    experiment.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x"),
+    folder.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x"),
                           {"iteration": 7, "global_step": 224})  # fmt: skip
     saved = json.loads((tmp_path / "args.json").read_text())
     assert saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
-    assert results.asked(saved)["norm_obs"] is True  # asked for the default; its effect is what the flags say
+    assert records.asked(saved)["norm_obs"] is True  # asked for the default; its effect is what the flags say
     (resume,) = saved["resumes"]
     assert (resume["from_iteration"], resume["from_step"]) == (7, 224)
     assert resume["changed"] == {"checkpoint_interval": [0, 3]}
@@ -231,7 +233,7 @@ class Float64Env(gym.Env):
 
 # ------------------------------------------------------------------------------------------------ end to end
 def tiny_sweep(cwd, *argv, timeout=300, **popen):
-    cmd = [sys.executable, str(REPO / "common" / "sweep.py"), str(VEC), "--env-ids", "CartPole-v1", *argv]
+    cmd = [sys.executable, str(REPO / "common" / "sweep"), str(VEC), "--env-ids", "CartPole-v1", *argv]
     return run_command(cmd, cwd, timeout=timeout)
 
 
@@ -252,8 +254,8 @@ def test_a_sweep_asked_for_other_flags_than_a_runs_starts_its_own_and_reports_on
     assert "was made with other flags: --learning-rate 0.00025 there, 0.001 here, --gamma 0.99 there, 0.95 here)" in (
         out.stdout
     )
-    report = (cwd / "report" / "report.md").read_text()
-    (row,) = [line for line in report.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]  # one run: the new one
+    text = (cwd / "report" / "report.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]  # one run: the new one
     assert "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 " in row
 
 
@@ -307,7 +309,7 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     while len(list((tmp_path / "runs").glob("*/checkpoint.pt"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # both runs train, and have saved a checkpoint
     folders = sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*"))
-    writers = [results.writer(folder) for folder in folders]
+    writers = [records.writer(folder) for folder in folders]
     assert len(folders) == 2 and all(writers), writers
     refused = run_script(VEC, [*TINY, "--resume", folders[0] / "checkpoint.pt"], tmp_path)
     assert refused.returncode == 2 and f"is being written by process {writers[0]}: a run has one writer" in (

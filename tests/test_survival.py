@@ -17,13 +17,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.results import read_scalars
-from tests.helpers import LONG, REPO, alive, descendants, only_run_dir, parent_pid, run_command, run_script
-from tests.test_faults import FAULT_ENV, fault_env, rank_pid, start_torchrun, start_training, stop
-from tests.test_ppo_atari_multigpu import SCRIPT as ATARI
-from tests.test_ppo_atari_multigpu import TINY as ATARI_TINY
-from tests.test_ppo_vec import SCRIPT as VEC
-from tests.test_ppo_vec import TINY as VEC_TINY
+from common.run.records import read_scalars
+from tests.helpers import (
+    ATARI,
+    ATARI_TINY,
+    FAULT_ENV,
+    LONG,
+    REPO,
+    VEC,
+    VEC_TINY,
+    alive,
+    all_gone,
+    descendants,
+    fault_env,
+    only_run_dir,
+    parent_pid,
+    rank_pid,
+    run_command,
+    run_script,
+    start_torchrun,
+    start_training,
+    stop,
+)
 
 pytestmark = pytest.mark.e2e
 CARTPOLE = [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"]  # 128 steps an iteration, in the trainer
@@ -249,13 +264,6 @@ def test_ranks_stop_and_save_when_their_launcher_dies(tmp_path):
 
 def helpers(tmp_path) -> list[int]:
     return [int(p.name.split("-")[1]) for p in (tmp_path / "pids").glob("helper-*")]
-
-
-def all_gone(pids: list[int], within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not [pid for pid in pids if alive(pid)]
 
 
 @pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", *LONG("done")])

@@ -1,4 +1,4 @@
-"""common/sweep.py and the statistics of common/results.py: a sweep over seeds that skips what is finished and resumes
+"""common/runs.py and the statistics of common/records.py: a sweep over seeds that skips what is finished and resumes
 or extends the rest, through the thread pool and through submitit's local executor, and the figures on known inputs."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from common import results, sweep
-from tests.helpers import REPO, run_command
+from common.sweep import report, runs
+from tests.helpers import REPO, VEC_TINY, run_command
 
-TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--num-workers", "0"]
+TINY = [*VEC_TINY, "--num-workers", "0"]  # in-process: the fastest run there is
 
 
 def run_sweep(tmp_path, *argv, timeout=300):
@@ -52,18 +52,18 @@ def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
 
 
 def test_seeds_are_read_as_written():
-    assert sweep.seeds(["1-3", "7"]) == [1, 2, 3, 7]
+    assert runs.seeds(["1-3", "7"]) == [1, 2, 3, 7]
 
 
 def test_aggregate_on_known_numbers():
-    a = results.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0])
+    a = report.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0])
     assert a["runs"] == 5 and a["mean"] == 220.0 and a["std"] == pytest.approx(np.std([10, 20, 30, 40, 1000], ddof=1))
     assert a["iqm"] == pytest.approx(30.0)  # the middle half of 5: 20, 30, 40 (one cut at each end)
     assert 10.0 <= a["iqm_low"] <= a["iqm"] <= a["iqm_high"] <= 1000.0
-    assert results.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0]) == a  # a fixed generator: the same interval again
-    one = results.aggregate([7.0])
+    assert report.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0]) == a  # a fixed generator: the same interval again
+    one = report.aggregate([7.0])
     assert (one["iqm"], one["iqm_low"], one["iqm_high"], one["std"]) == (7.0, 7.0, 7.0, 0.0)
-    table = results.markdown_table({"Hopper-v5": a}, reference={"Hopper-v5": "2382.9 +- 271.7"})
+    table = report.markdown_table({"Hopper-v5": a}, reference={"Hopper-v5": "2382.9 +- 271.7"})
     interval = f"[{a['iqm_low']:.1f}, {a['iqm_high']:.1f}]"
     assert table[2] == f"| Hopper-v5 | 5 | 220.0 +- {a['std']:.1f} | 30.0 {interval} | 2382.9 +- 271.7 |"
 
@@ -81,12 +81,12 @@ def test_curves_from_events(tmp_path):
     mean lies halfway, and the band holds it; the last-20 return of each run is read from its events."""
     a = write_run(tmp_path / "a", np.arange(1.0, 101.0))
     b = write_run(tmp_path / "b", np.arange(3.0, 103.0))
-    assert results.final_return(a) == pytest.approx(np.mean(np.arange(81.0, 101.0)))
-    grid, mean, low, high = results.curve_band([a, b], points=10)
+    assert report.final_return(a) == pytest.approx(np.mean(np.arange(81.0, 101.0)))
+    grid, mean, low, high = report.curve_band([a, b], points=10)
     assert grid[0] == 200.0 and grid[-1] == 1000.0
     np.testing.assert_allclose(mean, grid / 10 - 9.5 + 1.0)  # run a's mean at step s is s/10 - 9.5; b's is 2 more
     assert (low <= mean).all() and (mean <= high).all() and (high - low).max() <= 2.0 + 1e-9
-    png = results.plot_groups({"two runs": [a, b]}, tmp_path / "curves.png", "test")
+    png = report.plot_groups({"two runs": [a, b]}, tmp_path / "curves.png", "test")
     assert png.stat().st_size > 10_000
 
 
@@ -99,7 +99,7 @@ def test_the_slurm_form_asks_submitit_for_what_the_flags_say(tmp_path, monkeypat
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     args = argparse.Namespace(cwd=str(tmp_path), executor="slurm", timeout_min=240, jobs=8, cpus_per_task=4, gpus=1,
                               partition="gpu", exp_name="sweep")  # fmt: skip
-    executor = sweep.submitit_executor(args)
+    executor = runs.submitit_executor(args)
     script = executor._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
     for line in ["--partition=gpu", "--time=240", "--cpus-per-task=4", "--gpus-per-node=1", "--signal=USR2@90"]:
         assert f"#SBATCH {line}\n" in script
@@ -109,8 +109,8 @@ def test_the_slurm_form_asks_submitit_for_what_the_flags_say(tmp_path, monkeypat
 def test_a_requeued_job_stops_its_run_first(tmp_path):
     """submitit's checkpoint hook (SLURM's warning before preemption or the time limit): the run gets SIGTERM (it saves
     and exits), and the job comes back with the same run to resume it."""
-    run = sweep.Run("ppo_vec.py", "CartPole-v1", 3, "exp", [], str(tmp_path))
-    job = sweep.RunJob()
+    run = runs.Run("ppo_vec.py", "CartPole-v1", 3, "exp", [], str(tmp_path))
+    job = runs.RunJob()
     job.proc = child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     again = job.checkpoint(run)
     assert child.returncode == -signal.SIGTERM

@@ -15,10 +15,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common import layout_choice, processes
 from common.multiprocessing_env import SubprocVecEnv, WorkerError, WorkerTimeout
+from common.vecenv import env_hosts, layout, process_control
 from tests.envs import FailsLater, FaultyEnv, LargeObsEnv, RecordsWhereEnv, SlowToSampleEnv, failing_factory
-from tests.helpers import REPO, alive, descendants
+from tests.helpers import REPO, alive, descendants, descendants_with_helpers_running
 
 
 def built_in(folder) -> list[int]:
@@ -30,7 +30,7 @@ def built_in(folder) -> list[int]:
 @pytest.fixture
 def two_cores(monkeypatch):
     """The layout is decided for 2 cores (this machine's, and CI's), whatever the machine running the test has."""
-    monkeypatch.setattr(processes, "cores", lambda: 2)
+    monkeypatch.setattr(process_control, "cores", lambda: 2)
 
 
 def test_an_env_from_elsewhere_is_built_in_a_probe_and_stepped_in_workers(tmp_path, two_cores):
@@ -48,12 +48,12 @@ def test_an_env_from_elsewhere_is_built_in_a_probe_and_stepped_in_workers(tmp_pa
 def test_gymnasiums_own_cheap_envs_step_here(two_cores):
     with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 8) as envs:
         assert envs.num_workers == 0 and envs.placement == "8 envs in this process"
-        assert envs.step_seconds < layout_choice.ROUND_TRIP / 4  # 4 = the steps 2 workers would take off this one
+        assert envs.step_seconds < 1e-3 and "workers would save" in envs.layout
         assert "(gymnasium's CartPoleEnv; one step" in envs.layout and "us of CPU in a probe process" in envs.layout
 
 
 def test_gymnasiums_own_envs_get_workers_where_they_save_more_than_their_round_trip(two_cores, monkeypatch):
-    monkeypatch.setattr(layout_choice, "ROUND_TRIP", 1e-9)
+    monkeypatch.setattr(layout, "ROUND_TRIP", 1e-9)
     with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 8) as envs:
         assert envs.num_workers == 2 and "workers save" in envs.layout
 
@@ -61,28 +61,29 @@ def test_gymnasiums_own_envs_get_workers_where_they_save_more_than_their_round_t
 @pytest.mark.parametrize(
     ("trusted", "step", "n", "cores", "workers"),
     [
-        (True, 10e-6, 8, 2, 0),  # workers would save 4 steps of 10 us: less than a round trip
+        (True, 10e-6, 8, 2, 0),  # workers would save 4 steps of 1 unit (10 us of the 10 us reference): under 20 units
         (True, 10e-6, 8, 1, 0),  # one core: nothing to spread
         (True, 10e-6, 1, 2, 0),  # one env: nothing to spread
-        (True, 1e-3, 8, 2, 2),  # 4 steps of 1 ms saved: workers
+        (True, 60e-6, 8, 2, 2),  # 4 steps of 6 units saved: over 20 units, workers
+        (True, 1e-3, 8, 2, 2),  # 4 steps of 100 units saved: workers
         (True, math.inf, 8, 16, 8),  # a step slower than the probe waits for: a worker per env, at most one per core
         (False, None, 8, 2, 2),  # not gymnasium's own: workers, however cheap
         (False, None, 1, 1, 1),  # ... even one env on one core
     ],
 )
 def test_the_decision_rule(trusted, step, n, cores, workers):
-    assert layout_choice.decide({"trusted": trusted, "step": step}, n, cores)[0] == workers
-    assert layout_choice.decide(None, n, cores)[0] == min(n, cores)  # the probe failed: workers report it
+    assert layout.decide({"trusted": trusted, "step": step, "reference": 10e-6}, n, cores)[0] == workers
+    assert layout.decide(None, n, cores)[0] == min(n, cores)  # the probe failed: workers report it
 
 
 def test_the_probe_times_the_step_not_the_drawing_of_actions():
     """A trainer's actions come from its policy: an env whose space takes 1 ms to sample and no time to step is timed
     at its step (well under 1 ms), not at 1 ms a step, which would make stepping it in workers look worth it."""
-    assert layout_choice.cpu_per_step(SlowToSampleEnv()) < 0.3e-3
+    assert layout.cpu_per_step(SlowToSampleEnv())[0] < 0.3e-3
 
 
 def test_a_build_that_hangs_in_the_probe_is_a_timeout_naming_the_env(tmp_path):
-    before = descendants()
+    before = descendants_with_helpers_running()
     start = time.monotonic()
     with pytest.raises(WorkerTimeout, match=r"env 2 did not answer 'make' within 1.5 s \(in the layout probe\)"):
         SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path), hang="make")] * 3, max_wait=1.5)
@@ -95,9 +96,9 @@ def test_an_env_whose_step_takes_an_hour_lets_the_constructor_return(tmp_path, t
     """The probe never waits for a step to finish: an env it does not trust is not stepped there, and one it trusts
     (tests.envs counted as gymnasium's own here) is given STEP_DECIDE seconds, then gets workers."""
     if trusted:
-        monkeypatch.setattr(layout_choice, "TRUSTED", (*layout_choice.TRUSTED, "tests.envs"))
-        monkeypatch.setattr(layout_choice, "STEP_DECIDE", 1.0)
-    before = descendants()
+        monkeypatch.setattr(layout, "TRUSTED", (*layout.TRUSTED, "tests.envs"))
+        monkeypatch.setattr(layout, "STEP_DECIDE", 1.0)
+    before = descendants_with_helpers_running()
     start = time.monotonic()
     envs = SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path), hang="step")] * 2)
     assert time.monotonic() - start < 15 and envs.num_workers == 2
@@ -140,6 +141,19 @@ def test_an_env_of_yours_that_fails_late_is_named_never_a_hang_or_a_crash_here(f
 def test_an_env_the_probe_cannot_build_fails_in_the_workers_with_its_own_error():
     with pytest.raises(WorkerError, match="env 0 raised RuntimeError: factory refused to build the env"):
         SubprocVecEnv([failing_factory] * 2)
+
+
+def test_a_worker_that_starts_and_fails_in_one_breath_is_named(monkeypatch):
+    """This process wakes late (a loaded machine): a worker's "started" and its build's error are read together."""
+    wait = env_hosts.WorkerPool._wait_for_events
+
+    def late(self, deadline, spin):
+        time.sleep(0.3)
+        return wait(self, deadline, spin)
+
+    monkeypatch.setattr(env_hosts.WorkerPool, "_wait_for_events", late)
+    with pytest.raises(WorkerError, match="env [01] raised RuntimeError: factory refused to build the env"):
+        SubprocVecEnv([failing_factory] * 2, num_workers=2)
 
 
 SCRIPT = """

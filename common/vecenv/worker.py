@@ -30,8 +30,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Tuple
 
-from common import env_state, processes, shared_arrays
-from common.channel import Channel
+from common.vecenv import env_state, process_control, shared_block
+from common.vecenv.messages import Channel
 
 PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -144,7 +144,7 @@ class EnvGroup:
     def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
         self.envs, self.views, self.current = envs, views, 0
         self.obs_space = envs[0].observation_space
-        n_leaves = len(shared_arrays.leaves(self.obs_space)) if obs_in_shm else 0
+        n_leaves = len(shared_block.leaves(self.obs_space)) if obs_in_shm else 0
         self.obs_views = [views[f"obs{j}"] for j in range(n_leaves)] if obs_in_shm else None
         self.one_leaf = self.obs_views[0] if n_leaves == 1 else None  # the common case, made quick
         self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
@@ -164,7 +164,7 @@ class EnvGroup:
         if self.one_leaf is not None and getattr(obs, "shape", None) == self.one_leaf.shape[1:]:
             self.one_leaf[k] = obs
             return
-        for view, leaf in zip(self.obs_views, shared_arrays.flatten(self.obs_space, obs), strict=True):
+        for view, leaf in zip(self.obs_views, shared_block.flatten(self.obs_space, obs), strict=True):
             if np.shape(leaf) != view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
                 raise ValueError(
                     f"the observation has shape {np.shape(leaf)}, but its space {self.obs_space} has {view.shape[1:]}"
@@ -282,6 +282,7 @@ def worker_main(
     close_fds: list[int],
     spin: float,
     tmpdir: str | None,
+    step_trace: bytes | None = None,
 ) -> None:
     """A worker process: builds its envs (env indices from `first`), says hello with their spaces, maps the shared
     block, then answers commands until told to close; any failure is reported, then the worker ends."""
@@ -294,16 +295,16 @@ def worker_main(
         os.setpgid(0, 0)  # a process group of its own: the helpers its envs start can be ended with it
     except OSError:
         pass
-    processes.ignore_stop_signals()  # stopping is the trainer's: it saves, then closes us
-    signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's (common/stops.py)
+    process_control.ignore_stop_signals()  # stopping is the trainer's: it saves, then closes us
+    signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's (common/run/stops.py)
     threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
     conn = Channel(sock)
     envs: list[gym.Env] = []
     group = None
     command, k = Command.MAKE, 0  # what the worker is doing, and to which of its envs: named in any error
     try:
+        env_fns = cloudpickle.loads(env_fns_bytes)  # imports the envs' modules: still starting
         conn.send(Reply.OK)  # started: from now on the parent times the envs' own build
-        env_fns = cloudpickle.loads(env_fns_bytes)
         for k in range(len(env_fns)):
             envs.append(env_fns[k]())
         k = 0
@@ -314,17 +315,21 @@ def worker_main(
         size, placed, obs_in_shm = decode(msg)[1]
         block = mmap.mmap(fd, size)
         os.close(fd)
-        views = {name: view[first : first + len(envs)] for name, view in shared_arrays.views(block, placed).items()}
+        views = {name: view[first : first + len(envs)] for name, view in shared_block.views(block, placed).items()}
         group = EnvGroup(envs, views, obs_in_shm)
         conn.send(Reply.OK)
 
+        trace = cloudpickle.loads(step_trace) if step_trace is not None else None  # SubprocVecEnv's step_trace
         window, answered = spin, time.perf_counter()
         while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
             window = spin_window(spin, time.perf_counter() - answered)
             if command is not Command.CLOSE:
+                start = time.monotonic()
                 reply = group.run(command, arg)
+                if trace is not None and command is Command.STEP:
+                    trace(start, time.monotonic())
                 conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
                 answered = time.perf_counter()
     except (EOFError, ConnectionError):  # the trainer is gone (or dropped us) without a word, or died as we replied

@@ -1,5 +1,5 @@
-"""common/experiment.py, piece by piece: flag checks, run folders, progress, the ranks, the way a run ends and the exit
-statuses."""
+"""The run plumbing (common/run/), piece by piece: flag checks, run folders, progress, the ranks, the way a run ends
+and the exit statuses."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import gymnasium as gym
 import pytest
 import torch
 
-from common import experiment
-from common.experiment import FlagError
+from common.run import errors, flags, folder, lifecycle, ranks
+from common.run.errors import FlagError
 from tests.envs import HangsWhenBuilt, failing_factory
 from tests.helpers import REPO, run_command
 
@@ -49,12 +49,12 @@ class Flags:
 )
 def test_check_flags_names_the_flag_and_what_is_allowed(changes, rules, message):
     with pytest.raises(FlagError) as info:
-        experiment.check_flags(Flags(**changes), rules)
+        flags.check(Flags(**changes), rules)
     assert str(info.value).startswith(message)
 
 
 def test_check_flags_passes_good_flags_and_skips_fields_a_script_lacks():
-    experiment.check_flags(Flags(), [("num_envs", True, ">= 1")])  # no learning_rate field: its rule is not applied
+    flags.check(Flags(), [("num_envs", True, ">= 1")])  # no learning_rate field: its rule is not applied
 
 
 def test_bool_values_are_checked_in_any_command_line_the_empty_one_included():
@@ -63,10 +63,10 @@ def test_bool_values_are_checked_in_any_command_line_the_empty_one_included():
         capture_video: bool = False
 
     for argv in ([], ["--capture-video"], ["--capture-video", "--seed", "1"]):
-        experiment.check_bool_values(WithVideo, argv)
+        flags.check_bool_values(WithVideo, argv)
     for argv in (["--capture-video", "True"], ["--seed", "1", "--capture-video=false"]):
         with pytest.raises(FlagError, match="--capture-video is a switch and takes no value"):
-            experiment.check_bool_values(WithVideo, argv)
+            flags.check_bool_values(WithVideo, argv)
 
 
 def test_check_installed_names_the_package():
@@ -77,18 +77,18 @@ def test_check_installed_names_the_package():
     with pytest.raises(
         FlagError, match=r"--capture-video needs no_such_module_xyz, .*: pip install no_such_module_xyz$"
     ):
-        experiment.check_installed(WithVideo(), {"capture_video": "no_such_module_xyz"})
-    experiment.check_installed(WithVideo(False), {"capture_video": "no_such_module_xyz"})
+        flags.check_installed(WithVideo(), {"capture_video": "no_such_module_xyz"})
+    flags.check_installed(WithVideo(False), {"capture_video": "no_such_module_xyz"})
 
 
 def test_check_env_id(tmp_path, monkeypatch):
-    experiment.check_env_id("CartPole-v1")
+    flags.check_env_id("CartPole-v1")
     with pytest.raises(FlagError, match=r"'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"):
-        experiment.check_env_id("CartPol-v1")
+        flags.check_env_id("CartPol-v1")
     (tmp_path / "broken_envs.py").write_text("import numpy\nraise RuntimeError('missing licence file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(FlagError) as info:
-        experiment.check_env_id("broken_envs:Thing-v0")  # the module's own error, not "did you mean"
+        flags.check_env_id("broken_envs:Thing-v0")  # the module's own error, not "did you mean"
     assert (
         str(info.value)
         == "--env-id broken_envs:Thing-v0: importing broken_envs failed (RuntimeError: missing licence file)"
@@ -98,16 +98,16 @@ def test_check_env_id(tmp_path, monkeypatch):
         match=r"importing my_envs failed \(ModuleNotFoundError: No module named 'my_envs'\); "
         f"it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: run from the folder",
     ):
-        experiment.check_env_id("my_envs:MyEnv-v0")
+        flags.check_env_id("my_envs:MyEnv-v0")
 
 
 def test_probe_env_builds_the_env_elsewhere_and_says_why_it_cannot():
-    found = experiment.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60)
+    found = flags.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60)
     assert found["spaces"][0].shape == (4,) and found["spaces"][1] == gym.spaces.Discrete(2)
     with pytest.raises(FlagError, match=r"--env-id CartPole-v1 cannot be built here: RuntimeError: factory refused"):
-        experiment.probe_env("CartPole-v1", failing_factory, 60)
+        flags.probe_env("CartPole-v1", failing_factory, 60)
     with pytest.raises(FlagError, match=r"--env-id CartPole-v1: building the env did not finish within 1 s"):
-        experiment.probe_env("CartPole-v1", HangsWhenBuilt, 1.0)
+        flags.probe_env("CartPole-v1", HangsWhenBuilt, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------------- run folders
@@ -115,7 +115,7 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)
     args = Flags(env_id="ALE/Breakout-v5")
-    first, second, third = (experiment.make_run_dir(args) for _ in range(3))
+    first, second, third = (folder.make_run_dir(args) for _ in range(3))
     assert first.name == "ALE-Breakout-v5__exp__1__1700000000"
     assert [second.name, third.name] == [f"{first.name}-2", f"{first.name}-3"]
     assert all(path.is_dir() and path.parent.name == "runs" for path in (first, second, third))
@@ -123,13 +123,13 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
 
 def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run_dir = experiment.make_run_dir(Flags())
+    run_dir = folder.make_run_dir(Flags())
     assert json.loads((run_dir / "args.json").read_text())["num_envs"] == 4
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     (tmp_path / "elsewhere" / "runs").write_text("a file where the runs go")
-    with pytest.raises(experiment.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"):
-        experiment.make_run_dir(Flags())
+    with pytest.raises(errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"):
+        folder.make_run_dir(Flags())
     (tmp_path / "elsewhere" / "runs").unlink()
     read_only = tmp_path / "elsewhere"
     os.chmod(read_only, 0o500)  # root writes there anyway: an immutable folder stops root too
@@ -138,8 +138,8 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
     try:
         if os.access(read_only, os.W_OK) and not immutable:
             pytest.skip("this user writes anywhere and chattr is not at hand: no read-only folder to try")
-        with pytest.raises(experiment.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"):
-            experiment.make_run_dir(Flags())
+        with pytest.raises(errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"):
+            folder.make_run_dir(Flags())
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(read_only)], check=True)
@@ -149,23 +149,23 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
 def test_progress_line_shows_elapsed_and_eta_as_hms(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = experiment.Progress(1_000_000, first_step=10_000, resumed={"recent_returns": [1.0, 2.0]})
+    progress = folder.Progress(1_000_000, first_step=10_000, resumed={"recent_returns": [1.0, 2.0]})
     now[0] += 3725.0  # 1 h 2 min 5 s later, 372,500 steps done: 100 steps/s, 6175 s left
     line = progress.line(382_500, {"env": 0.5, "update": 0.25})
     assert line == (
         "global_step=382500/1000000 SPS=100 episodic_return=1.5 (last 2) elapsed=1:02:05 ETA=1:42:55 "
         "[env 0.50s, update 0.25s]"
     )
-    assert experiment.hms(0) == "0:00:00" and experiment.hms(86399) == "23:59:59"
+    assert folder.hms(0) == "0:00:00" and folder.hms(86399) == "23:59:59"
 
 
 def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
     """Each rank holds a different local value; all must get their mean (what decides the early stop on every rank)."""
     (tmp_path / "ranks.py").write_text(
         "import os, torch, torch.distributed as dist\n"
-        "from common import experiment\n"
+        "from common.run import ranks\n"
         "dist.init_process_group('gloo')\n"
-        "mean = experiment.mean_over_ranks(torch.tensor([1.0 + 2.0 * dist.get_rank()])).item()\n"
+        "mean = ranks.mean_over_ranks(torch.tensor([1.0 + 2.0 * dist.get_rank()])).item()\n"
         "os.write(1, f'{mean}\\n'.encode())  # one write: the ranks' lines do not interleave\n"
         "dist.destroy_process_group()\n"
     )
@@ -173,14 +173,14 @@ def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
     out = run_command(cmd, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2.0", "2.0"]
-    assert experiment.mean_over_ranks(torch.tensor([5.0])).item() == 5.0  # one process, no group: itself
+    assert ranks.mean_over_ranks(torch.tensor([5.0])).item() == 5.0  # one process, no group: itself
 
 
 # ---------------------------------------------------------------------------------------------------- stop path
 SCRIPT = r"""
 import dataclasses, pathlib, time, torch
-from common import checkpointing, experiment
-from common.experiment import FlagError, RunError
+from common.run import checkpointing, errors, flags, folder, lifecycle, ranks
+from common.run.errors import FlagError, RunError
 
 @dataclasses.dataclass
 class Args:
@@ -192,12 +192,12 @@ def main(args):
     if args.outcome == "fail":
         raise RunError("the disk is full")
     if args.outcome == "finished":
-        raise experiment.Finished("that run finished already")
+        raise errors.Finished("that run finished already")
     run_dir = pathlib.Path("run")
     run_dir.mkdir()
     checkpoints = checkpointing.Checkpoints("prog.py", args, {"model": torch.nn.Linear(1, 1)}, 10)
-    progress = experiment.Progress(100, 30)
-    with experiment.ending("prog.py", run_dir, checkpoints, progress) as run:
+    progress = folder.Progress(100, 30)
+    with lifecycle.ending("prog.py", run_dir, checkpoints, progress) as run:
         run.snapshot(3, [None])
         if args.outcome == "raise":
             raise ValueError("a bug keeps its traceback")
@@ -209,7 +209,7 @@ def main(args):
             run.stop_if_asked()
 
 if __name__ == "__main__":
-    experiment.run(main, Args, "A test program.\n\n    python prog.py --outcome wait\n\nMore text.")
+    lifecycle.run(main, Args, "A test program.\n\n    python prog.py --outcome wait\n\nMore text.")
 """
 CLOSING = "prog.py: {}: 30 of 100 steps in 0:00:00 (0 SPS), last-20 return n/a; results in run (tensorboard --logdir .)"
 
@@ -274,9 +274,9 @@ def test_a_signal_saves_then_exits_128_plus_its_number(tmp_path, sig):
 def test_video_gets_a_runtime_folder_where_none_is_set(tmp_path, monkeypatch):
     """The video stack (SDL) prints "error: XDG_RUNTIME_DIR is invalid" at every env without one: a private one."""
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    experiment._runtime_dir_for_video()
+    lifecycle._runtime_dir_for_video()
     folder = os.environ["XDG_RUNTIME_DIR"]
     assert os.path.isdir(folder) and os.stat(folder).st_mode & 0o777 == 0o700
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    experiment._runtime_dir_for_video()
+    lifecycle._runtime_dir_for_video()
     assert os.environ["XDG_RUNTIME_DIR"] == str(tmp_path)  # a usable one is kept

@@ -26,10 +26,10 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 
-from common import processes
-from common.channel import Channel, poll_without_sleeping
-from common.shared_arrays import anonymous_file, views
-from common.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
+from common.vecenv import process_control
+from common.vecenv.messages import Channel, poll_without_sleeping
+from common.vecenv.shared_block import anonymous_file, views
+from common.vecenv.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
 
 _LONGEST_POLL = 3600.0  # seconds; poll() takes an int of milliseconds, so longer waits are made of several
 STARTING = 60.0  # seconds a worker may take to start (a process, the main script's imports) before it builds its envs
@@ -124,11 +124,12 @@ class WorkerPool:
     within a bound, replaces one that failed, and stops them all (helpers their envs started included)."""
 
     def __init__(self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float,
-                 interrupt: Any = None):  # fmt: skip
+                 interrupt: Any = None, step_trace: Callable[[float, float], None] | None = None):  # fmt: skip
         self.slices, self.spin, self.interrupt = slices, spin, interrupt
+        self.step_trace = cloudpickle.dumps(step_trace) if step_trace is not None else None
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]  # also to rebuild a failed worker
-        self.ctx, self.fork = processes.get_context(context), context == "fork"
-        processes.start_helpers(context)
+        self.ctx, self.fork = process_control.get_context(context), context == "fork"
+        process_control.start_helpers(context)
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
@@ -185,12 +186,12 @@ class WorkerPool:
     def _start(self, w: int) -> None:
         """Starts worker `w` (afresh after a failure) and watches its socket and sentinel; it answers with spaces."""
         parent_sock, child_sock = socket.socketpair()
-        keep, give = processes.lifeline()
+        keep, give = process_control.lifeline()
         inherited = [c.fd for c in self.conns if c.fd >= 0] + [parent_sock.fileno(), keep.fileno()]
         args = (self.slices[w].start, self.env_fns_bytes[w], child_sock, give, inherited if self.fork else [],
-                self.spin, self.tmpdir)  # fmt: skip
+                self.spin, self.tmpdir, self.step_trace)  # fmt: skip
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
-        with processes.stop_signals_blocked():  # until the worker (and a forkserver it starts) ignores them
+        with process_control.stop_signals_blocked():  # until the worker (and a forkserver it starts) ignores them
             proc.start()
         child_sock.close()
         conn = Channel(parent_sock)
@@ -264,8 +265,10 @@ class WorkerPool:
             for fd, _ in events:
                 if fd == watched:
                     self.interrupt.check()
-                elif fd in self.fd_owner and self._read(*self.fd_owner[fd], failures):
-                    deadlines[self.fd_owner[fd][0]] = time.monotonic() + timeout  # it has started: now its build
+                elif fd in self.fd_owner:
+                    w = self.fd_owner[fd][0]  # (its fds are unwatched if its first words end with an error)
+                    if self._read(*self.fd_owner[fd], failures) and w in self.pending:
+                        deadlines[w] = time.monotonic() + timeout  # it has started: now its build is timed
         return failures
 
     def _timeout(self, w: int, timeout: float) -> WorkerTimeout:
@@ -303,10 +306,10 @@ class WorkerPool:
         proc, command = self.procs[w], self.pending.get(w)
         label = command.label if command else "?"
         self._unwatch(w)
-        processes.end_processes([proc], grace=2.0)  # collect the exit code; a helper may still hold the pipe open
+        process_control.end_processes([proc], grace=2.0)  # collect the exit code; a helper may still hold the pipe open
+        how = process_control.describe_exit(proc.exitcode)
         return WorkerError(
-            f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {processes.describe_exit(proc.exitcode)} during "
-            f"'{label}'",
+            f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{label}'",
             self.envs_of(w),
             label,
             proc.exitcode,
@@ -329,7 +332,7 @@ class WorkerPool:
             self.pending.pop(w, None)
             self.replies.pop(w, None)
             self.stuck.discard(w)
-        processes.end_processes([self.procs[w] for w in ws], grace=0.0)
+        process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
         for w in ws:
             self._start(w)
         rebuilding, failures = list(ws), {}
@@ -388,8 +391,8 @@ def _shutdown(procs: list, conns: list, stuck: set[int], timeout: float) -> None
                 conn.send(encode(Command.CLOSE))
             except (OSError, ValueError):
                 pass
-    processes.end_processes([proc for w, proc in enumerate(procs) if w in stuck], grace=0.0)
-    processes.end_processes(procs, grace=timeout)
+    process_control.end_processes([proc for w, proc in enumerate(procs) if w in stuck], grace=0.0)
+    process_control.end_processes(procs, grace=timeout)
     for conn in conns:
         conn.close()
     procs.clear()

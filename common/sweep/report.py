@@ -1,128 +1,86 @@
-"""What a run leaves in its folder besides the TensorBoard events, and reading runs back.
-
-runs/<run>/
-    events.out.tfevents.*   TensorBoard scalars (CleanRL's tags)
-    args.json               the flags the run is trained with, the script's defaults, and each resume
-    .lock                   held by the process that writes the run, while it lives
-    summary.json            how it ended: status, steps, wall time, SPS, last-20 return; updated at each checkpoint
-    checkpoint.pt           the last checkpoint: periodic, final, or written by a stop or an env failure
-    curve.png               episodic return against global step (matplotlib)
-"""
+"""A sweep's report: per env, the runs that finished with the flags asked, their figures over seeds (mean +- std, IQM
+with a bootstrap interval) and curves; the runs not averaged, named with why."""
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
+import math
 from pathlib import Path
 from typing import Any
 
-LOCK = ".lock"  # in a run folder: locked by the one process that writes the run, its pid inside
-END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # "1": the run stops (and saves) when the process that started it dies
-
-# Flags that change nothing a run learns. A run may go on with other values of them (--resume), and a sweep reuses a
-# run made with other values of them; every other flag is part of what the run's results are of, except
-# --total-timesteps, which may grow (a resumed or re-swept run is extended in its folder).
-TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "max_restarts", "num_threads", "cuda",
-                       "backend", "device_ids", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                       "save_model", "eval_episodes", "eval_checkpoint", "resume"})  # fmt: skip
+from common.run import records
+from common.sweep.runs import Run, flag
 
 
-def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{field: (its value in flags, in other)} for each flag of `flags` that changes results (neither TOLERATED nor
-    total_timesteps) and has another value in `other`."""
-    return {name: (value, other.get(name)) for name, value in flags.items()
-            if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value}  # fmt: skip
-
-
-def asked(saved: dict[str, Any]) -> dict[str, Any]:
-    """What a run was asked for, from its args.json: the script's defaults and the flags its command line gave (a
-    flag's effect, such as norm_obs off for Discrete actions, is not what was asked)."""
-    return {**saved.get("defaults", {}), **{name: saved[name] for name in saved.get("given", []) if name in saved}}
-
-
-def writer(run_dir: Path) -> int | None:
-    """The pid of the live process that writes run_dir (it holds run_dir/.lock), or None: how a run still running
-    is told from one that ended, whatever its summary.json says."""
+def judge(run: Run) -> tuple[Path | None, str | None]:
+    """The run's folder, and why it cannot be averaged (None if it can): missing, running, unfinished, unreadable."""
+    folder = run.folder()
+    if folder is None:
+        return None, "missing"
+    if records.writer(folder) is not None:
+        return folder, f"still running ({folder.name})"
+    summary = records.read_json(folder / "summary.json") or {}
+    step, last = summary.get("global_step", 0), summary.get("last_step") or math.inf
+    if summary.get("status") != "done" or step < last:
+        return folder, f"unfinished: {summary.get('status', 'no summary')} at {100 * step / last:.0f}% ({folder.name})"
     try:
-        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return int(os.read(fd, 32).split()[0] or 0) or -1
-    finally:
-        os.close(fd)
+        logged = max((s for s, _ in records.read_scalars(folder).get("losses/value_loss", [])), default=0)
+    except Exception as exc:  # noqa: BLE001 - a damaged events file, whatever its damage
+        return folder, f"unreadable: {type(exc).__name__} ({folder.name})"
+    if logged < step:
+        return folder, f"unreadable: its events end at step {logged}, its summary at {step} ({folder.name})"
+    return folder, None
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Writes data as JSON, atomically: a reader sees the old file or the new one, never a part."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) -> list[str]:
+    """DIR/report.md and DIR/<env>.png for the runs that finished with the flags asked (common/py computes
+    the figures); the others are named, not averaged."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows, columns, notes, averaged = {}, {}, [], {}
+    for env_id in dict.fromkeys(run.env_id for run in runs):
+        judged = [(run, *judge(run)) for run in runs if run.env_id == env_id]
+        notes += [f"- {run.label}: {why}" for run, _, why in judged if why is not None]
+        finished = [(run, folder) for run, folder, why in judged if why is None]
+        if not finished:
+            continue
+        averaged[env_id] = [folder for _, folder in finished]
+        saved = records.read_json(finished[0][1] / "args.json") or {}
+        summaries = [records.read_json(folder / "summary.json") or {} for folder in averaged[env_id]]
+        steps = sorted({summary["global_step"] for summary in summaries})
+        flags = {
+            name: value
+            for name, value in records.asked(saved).items()
+            if name not in ("env_id", "seed", "exp_name", *records.TOLERATED)
+            and value != saved.get("defaults", {}).get(name)
+        }
+        seeds_run = ", ".join(str(run.seed) for run, _ in finished)
+        columns[env_id] = (
+            f" {seeds_run} | {'-'.join(map(str, dict.fromkeys([steps[0], steps[-1]])))} | "
+            + (" ".join(f"{flag(name)} {value}" for name, value in flags.items()) or "defaults")
+            + " |"
+        )
+        rows[env_id] = aggregate([final_return(folder) for folder in averaged[env_id]])
+    lines = [f"Runs of {Path(runs[0].script).name} (--exp-name {runs[0].exp_name}), last-20 raw return of each run; "
+             "mean +- std over seeds, IQM with a 95% percentile bootstrap interval (scipy). Only runs that finished "
+             "with the flags asked are averaged.", ""]  # fmt: skip
+    head, rule, *body = markdown_table(rows, reference)
+    lines += [head + " seeds | steps | flags (the others: the script's defaults) |", rule + "---|---|---|"]
+    lines += [row + columns[env_id] for env_id, row in zip(rows, body, strict=True)]
+    if notes:
+        lines += ["", "Not averaged:", *notes]
+    for env_id, folders in averaged.items():
+        png = plot_groups({env_id: folders}, out / f"{env_id.replace('/', '-').replace(':', '-')}.png", env_id)
+        lines += ["", f"![{env_id}]({png.name})"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's contents, or None if it is missing or unreadable."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_scalars(run_dir: Path | str, wall_time: bool = False) -> dict[str, list[tuple]]:
-    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...], or (step, value, wall time)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    return {
-        tag: [(e.step, e.value, e.wall_time) if wall_time else (e.step, e.value) for e in events.Scalars(tag)]
-        for tag in events.Tags()["scalars"]
-    }
-
-
-def plot_curve(run_dir: Path, title: str) -> Path | None:
-    """curve.png in run_dir: every episode's raw return against global step, and the mean of the last 20 (None if no
-    episode ended)."""
-    # Nothing to draw is found before importing tensorboard and matplotlib (a second): a run stopped early ends sooner
-    points = read_scalars(run_dir).get("charts/episodic_return", []) if any(run_dir.glob("events.*")) else []
-    if not points:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    steps, returns = (np.array(values) for values in zip(*points, strict=True))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, returns, ".", ms=2, alpha=0.3, label="episode")
-    if len(returns) >= 20:
-        mean = np.convolve(returns, np.ones(20) / 20, mode="valid")
-        ax.plot(steps[19:], mean, lw=1.5, label="mean of the last 20")
-    ax.set(title=title, xlabel="global step", ylabel="episodic return (raw)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = run_dir / "curve.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
+# ------------------------------------------------------------------------------------------- several runs, compared
 # ------------------------------------------------------------------------------------------- several runs, compared
 def episodes(run_dir: Path | str) -> tuple[Any, Any, Any]:
     """A run's episodes as arrays: global step, raw return, and seconds since the run's first logged point."""
     import numpy as np
 
-    scalars = read_scalars(run_dir, wall_time=True)
+    scalars = records.read_scalars(run_dir, wall_time=True)
     points = scalars.get("charts/episodic_return", [])
     start = min((p[2] for values in scalars.values() for p in values), default=0.0)
     steps, returns, wall = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3

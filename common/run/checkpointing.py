@@ -6,8 +6,8 @@ iteration) and writes that snapshot, whatever the moment of the save: a periodic
 stop or an env failure makes. So a checkpoint is always labelled with the iteration its weights, optimizer,
 random generators and statistics come from, and a resumed run neither repeats nor skips one. Only the periodic and
 final saves, made between iterations, hold the envs' states too (SubprocVecEnv.save_env_states): resumed from
-those, a run continues bit for bit where every env can be saved (common/env_state.py), and with fresh episodes where
-not.
+those, a run continues bit for bit where every env can be saved (common/vecenv/env_state.py), and with fresh
+episodes where not.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from common import stops
-from common.experiment import Finished, FlagError, RunError, flag, given_fields, given_flags
-from common.results import TOLERATED
+from common.run import stops
+from common.run.errors import Finished, FlagError, RunError
+from common.run.flags import flag, given, given_fields
+from common.run.records import TOLERATED
 
 
 def save_checkpoint(path: Path | str, state: dict) -> None:
@@ -164,17 +165,14 @@ class Checkpoints:
         one), None if it knows of none."""
         return self._iterations.get(Path(path))
 
-    def resume(self, path: str, same: dict[str, Any], num_iterations: int, needs: tuple[str, ...] = ()) -> dict:
+    def resume(self, path: str, num_iterations: int, needs: tuple[str, ...] = ()) -> dict:
         """Loads checkpoint `path` into the modules and returns it (for rng and extras). FlagError unless it holds
-        the modules and `needs` and was written with the same values of `same` and world size (sizes a resumed run
-        cannot change); Finished if its run has no iterations left."""
+        the modules and `needs` and was written with as many ranks (its other sizes come with its flags:
+        trained_flags); Finished if its run has no iterations left."""
         checkpoint = load_checkpoint(path, "--resume", self.script, ("iteration", "rng", *self.modules, *needs))
-        for name, value in (same | {"world_size": self.world_size}).items():
-            saved = checkpoint.get("world_size") if name == "world_size" else checkpoint["args"].get(name)
-            if saved != value:
-                spelled = "the number of ranks (world size)" if name == "world_size" else flag(name)
-                raise FlagError(f"--resume {path} was written with {spelled} {saved}; resume it with {saved}, "
-                                f"not {value}")  # fmt: skip
+        if checkpoint["world_size"] != self.world_size:
+            raise FlagError(f"--resume {path} was written with {checkpoint['world_size']} ranks; resume it with "
+                            f"{checkpoint['world_size']}, not {self.world_size}")  # fmt: skip
         if checkpoint["iteration"] >= num_iterations:
             raise Finished(f"--resume {path}: that run finished its {num_iterations} iterations already; nothing to "
                            "do (a larger --total-timesteps continues it)")  # fmt: skip
@@ -186,7 +184,7 @@ class Checkpoints:
 
 def trained_flags(args: Any, script: str) -> Any:
     """With --resume: the flags the run was trained with (its checkpoint's), the command line's only where a run may
-    change them (experiment.TOLERATED, and --total-timesteps, which extends or ends it sooner). FlagError naming each
+    change them (records.TOLERATED, and --total-timesteps, which extends or ends it sooner). FlagError naming each
     other flag given on the command line with another value than the run's, and both values. Without: args."""
     if args.resume is None:
         return args
@@ -213,7 +211,7 @@ def load_for_eval(path: str, script: str, args_type: type, env_id: str | None, *
     and names another env than the one the policy was trained on (evaluate that one: drop --env-id)."""
     checkpoint = load_checkpoint(path, "--eval-checkpoint", script)
     saved = saved_args(checkpoint, args_type, **changes)
-    if env_id is not None and "--env-id" in given_flags() and env_id != saved.env_id:
+    if env_id is not None and "--env-id" in given() and env_id != saved.env_id:
         raise FlagError(f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id {env_id}: drop "
                         f"--env-id (the policy is evaluated on {saved.env_id})")  # fmt: skip
     return checkpoint, saved

@@ -7,9 +7,11 @@ there; every other env gets workers, where every wait is bounded and a crash is 
 1. `probe` builds one env (the last: env 0 often records video) in a probe process of its own and says where its
    classes come from. Only gymnasium's own pure-Python envs (classic control, toy text) under gymnasium's wrappers
    are TRUSTED: no other code, and no C code that could crash.
-2. A trusted env's steps are timed there in CPU time, which the machine's load changes far less than wall time. If
-   what workers would save on a step of all n envs, step * (n - ceil(n / w)) with w = min(cores, n), is under
-   ROUND_TRIP (what a step of w workers costs beyond their envs' own work, measured by
+2. A trusted env's steps are timed there in CPU time, each beside a fixed piece of Python work (`reference_work`),
+   and the step is counted in units of that work: a busy machine (a neighbour on the same core, cold caches, a
+   slower clock) slows both alike, so the count barely moves where CPU seconds alone moved twofold. If what workers
+   would save on a step of all n envs, units * (n - ceil(n / w)) with w = min(cores, n), is under ROUND_TRIP (what a
+   step of w workers costs beyond their envs' own work, in the same units, measured by
    benchmarks/layout_thresholds.py), the envs step here; else in w workers. The timing never waits for a slow step:
    past STEP_DECIDE seconds, workers.
 3. Any other env, and an env the probe cannot build or step (an error, a crash, a registration only the main script
@@ -37,18 +39,19 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from common.channel import Channel
-from common.env_state import chain
-from common.pools import WorkerTimeout
-from common.processes import plural, stop_signals_blocked
-from common.worker import error_report
+from common.vecenv.env_hosts import WorkerTimeout
+from common.vecenv.env_state import chain
+from common.vecenv.messages import Channel
+from common.vecenv.process_control import plural, stop_signals_blocked
+from common.vecenv.worker import error_report
 
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
-ROUND_TRIP = 240e-6  # seconds a step of workers costs beyond their envs' work (benchmarks/layout_thresholds.py)
+ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units (see below)
+REFERENCE_LOOPS = 60  # reference_work()'s size: about a CartPole step of CPU
 STEPPING = 0.02  # CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
 STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers (a step that slow would anyway)
-PROBE_START = 60.0  # seconds the probe process may take to start (Python, gymnasium, numpy) on a loaded machine
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder that holds common/
+PROBE_START = 60.0  # seconds the probe process may take to start (Python, gymnasium, the env's module) when loaded
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder that holds common/
 _BOOT = (
     "import signal\n"  # stopping is the trainer's (it started us with SIGINT and SIGTERM held back)
     "for signum in (signal.SIGINT, signal.SIGTERM): signal.signal(signum, signal.SIG_IGN)\n"
@@ -56,7 +59,7 @@ _BOOT = (
     "import pickle, sys\n"
     "data = pickle.load(sys.stdin.buffer)\n"
     "sys.path[:] = data['path']\n"
-    "from common.layout_choice import probe_main\n"
+    "from common.vecenv.layout import probe_main\n"
     "probe_main(data)\n"
 )
 
@@ -83,10 +86,11 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps:
           interrupt: Any = None, check_api: bool = False) -> dict[str, Any]:  # fmt: skip
     """Builds env_fn() in a probe process and, with `steps` and a trusted env, times its steps (CPU seconds, random
     actions). Returns {"spaces", "raw_spaces" (the unwrapped env's), "origin" (the class of the env and of each
-    wrapper, outermost first), "trusted", "step" (None if not timed; inf past STEP_DECIDE)}. ProbeFailed if env code
-    raised or the probe died; WorkerTimeout (naming env `index`) if building took more than `bound` seconds; the
-    interrupt's exception (SubprocVecEnv's `interrupt`) if it fires. With `check_api`, the env is reset and stepped
-    once, bounded as building is (OldApi for gym's old API)."""
+    wrapper, outermost first), "trusted", "step" (None if not timed; inf past STEP_DECIDE), "reference" (with "step":
+    the CPU seconds of reference_work() beside it)}. ProbeFailed if env code raised or the probe died; WorkerTimeout
+    (naming env `index`) if building took more than `bound` seconds; the interrupt's exception (SubprocVecEnv's
+    `interrupt`) if it fires. With `check_api`, the env is reset and stepped once, bounded as building is (OldApi for
+    gym's old API)."""
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
             "registry": _registry(), "trusted": TRUSTED, "check_api": check_api}  # fmt: skip
@@ -180,10 +184,11 @@ def probe_main(data: dict) -> None:
     conn = Channel(socket.socket(fileno=data["fd"]))
     phase = "make"
     try:
-        conn.send(pickle.dumps(("ready", None)))
         if data["registry"] is not None:
             gym.registry.update(pickle.loads(data["registry"]))
-        env = cloudpickle.loads(data["env_fn"])()
+        env_fn = cloudpickle.loads(data["env_fn"])  # imports the env's module: start-up, not the env's own work
+        conn.send(pickle.dumps(("ready", None)))
+        env = env_fn()
         found = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"]),
                  "raw_spaces": (env.unwrapped.observation_space, env.unwrapped.action_space),
                  "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]}  # fmt: skip
@@ -199,7 +204,8 @@ def probe_main(data: dict) -> None:
             phase = "reset"
             env.reset(seed=0)
             phase = "step"
-            conn.send(pickle.dumps(("stepped", {"step": cpu_per_step(env)})))
+            step, reference = cpu_per_step(env)
+            conn.send(pickle.dumps(("stepped", {"step": step, "reference": reference})))
     except Exception as exc:  # noqa: BLE001 - env code: reported in one line, the caller decides what it means
         conn.send(pickle.dumps(("error", error_report(0, phase, exc))))
     os._exit(0)  # no env.close(): whatever the env started ends with this process group
@@ -223,13 +229,25 @@ def _old_api(env: gym.Env) -> str | None:
     return None
 
 
-def cpu_per_step(env: gym.Env) -> float:
+def reference_work() -> float:
+    """A fixed piece of work like a small env's step (Python arithmetic, math calls, a small numpy array), timed
+    beside each step the probe times: the unit a step is counted in."""
+    total = 0.0
+    for i in range(REFERENCE_LOOPS):
+        total += math.sin(i) * 0.5
+    state = np.array((total, 1.0, 2.0, 3.0), dtype=np.float32)
+    return float(state.sum()) if state[0] < 1e9 else 0.0
+
+
+def cpu_per_step(env: gym.Env) -> tuple[float, float]:
     """CPU seconds of a typical step (the median, resets included where they fall) with random actions, over about
-    STEPPING seconds of steps after the first few: the median, because a step the machine's load interrupts (a switch
-    to another process, cold caches after it) costs more CPU time than the env asks for. Only the steps are timed, not
-    the drawing of actions: a trainer's actions come from its policy."""
+    STEPPING seconds of steps after the first few, and of reference_work() run after each step (its median). Medians,
+    because a step the machine's load interrupts (a switch to another process, cold caches after it) costs more CPU
+    time than the env asks for. Only the steps are timed, not the drawing of actions: a trainer's actions come from
+    its policy."""
     env.action_space.seed(0)
     times: list[float] = []
+    references: list[float] = []
     while len(times) < 205 and (len(times) < 6 or sum(times[5:]) < STEPPING):
         action = env.action_space.sample()
         start = time.thread_time()
@@ -237,7 +255,10 @@ def cpu_per_step(env: gym.Env) -> float:
         if terminated or truncated:
             env.reset()
         times.append(time.thread_time() - start)
-    return float(np.median(times[5:]))
+        start = time.thread_time()
+        reference_work()
+        references.append(time.thread_time() - start)
+    return float(np.median(times[5:])), max(float(np.median(references[5:])), 1e-9)
 
 
 def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, str]:
@@ -247,10 +268,12 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, str]:
         return w, "workers bound its waits and outlive its crashes" if found else "workers report the probe's failure"
     if w == 1:
         return 0, "one core or one env: nothing to spread"
-    saved = found["step"] * (n - math.ceil(n / w))
+    if not math.isfinite(found["step"]):
+        return w, "workers save more than they cost"
+    saved = found["step"] / found["reference"] * (n - math.ceil(n / w))
     if saved < ROUND_TRIP:
-        return 0, f"workers would save {saved * 1e6:.0f} us a step, under the {ROUND_TRIP * 1e6:.0f} us they cost"
-    return w, f"workers save {saved * 1e6:.0f} us a step, over the {ROUND_TRIP * 1e6:.0f} us they cost"
+        return 0, f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost"
+    return w, f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost"
 
 
 def choose(env_fns: list, cores: int, bound: float, interrupt: Any = None) -> tuple[int, dict[str, Any]]:
@@ -261,7 +284,8 @@ def choose(env_fns: list, cores: int, bound: float, interrupt: Any = None) -> tu
         workers, why = decide(None, len(env_fns), cores)
         return workers, {"why": f"the probe env failed ({exc}); {why}"}
     workers, why = decide(found, len(env_fns), cores)
-    return workers, {"origin": found["origin"], "trusted": found["trusted"], "step": found["step"], "why": why}
+    return workers, {"origin": found["origin"], "trusted": found["trusted"], "step": found["step"],
+                     "reference": found.get("reference"), "why": why}  # fmt: skip
 
 
 def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
@@ -273,7 +297,9 @@ def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
         env = figures["origin"][-1].rsplit(".", 1)[-1]
         notes.append(f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs")
     if figures.get("step") is not None and math.isfinite(figures["step"]):
-        notes.append(f"one step {figures['step'] * 1e6:.0f} us of CPU in a probe process")
+        units = figures["step"] / figures["reference"]
+        notes.append(f"one step {figures['step'] * 1e6:.0f} us of CPU in a probe process, {units:.2f} units of "
+                     "reference work timed beside it")  # fmt: skip
     elif figures.get("step") is not None:
         notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
     if figures.get("why"):

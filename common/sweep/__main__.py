@@ -1,0 +1,68 @@
+"""python -m common.sweep (from the folder that holds common/), or python path/to/common/sweep (from anywhere): see
+common/sweep/__init__.py."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a folder: common/ is imported from beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from common import sweep  # noqa: E402
+from common.sweep.report import report  # noqa: E402
+from common.sweep.runs import STOP, Run, run_all, seeds  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m common.sweep", description=sweep.__doc__.split("\n\n")[0],
+                                     epilog="Flags after -- go to every run.")  # fmt: skip
+    parser.add_argument("script", help="the script to run, e.g. ppo_vec.py")
+    parser.add_argument("--env-ids", nargs="+", required=True)
+    parser.add_argument("--seeds", nargs="+", default=["1"], help="seeds, or ranges: 1 2 3, 1-10")
+    parser.add_argument("--exp-name", help="the runs' --exp-name (default: the script's name)")
+    parser.add_argument("--executor", choices=["local", "slurm", "submitit-local"], default="local")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (local), jobs at a time (slurm)")
+    parser.add_argument("--partition", help="SLURM partition")
+    parser.add_argument("--timeout-min", type=int, default=24 * 60, help="a job's time limit, minutes (submitit)")
+    parser.add_argument("--cpus-per-task", type=int, help="SLURM cpus per task")
+    parser.add_argument("--gpus", type=int, help="SLURM gpus per node")
+    parser.add_argument("--report", type=Path, help="write report.md and curves for the runs into this folder")
+    parser.add_argument("--report-only", action="store_true", help="only the report, from the runs there are")
+    args = parser.parse_args(own)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not Path(args.script).is_file():
+        parser.error(f"{args.script}: no such script")
+    args.exp_name = args.exp_name or Path(args.script).stem
+    args.cwd = str(Path.cwd())
+    runs = [Run(str(Path(args.script).resolve()), env_id, seed, args.exp_name, flags, args.cwd)
+            for env_id in args.env_ids for seed in seeds(args.seeds)]  # fmt: skip
+    status = 0
+    if not args.report_only:
+        STOP.install()
+        start = time.time()
+        for outcome in run_all(runs, args):
+            summary = outcome["summary"] or {}
+            mean = summary.get("episodic_return_last_20")
+            shown = "n/a" if mean is None else f"{mean:.1f}"
+            print(f"{outcome['run']}: {outcome['did']}, exit {outcome['exit']}, status {summary.get('status', '?')}, "
+                  f"last-20 return {shown}, {outcome['folder']}", flush=True)  # fmt: skip
+            status = status or (outcome["exit"] not in (0, None))
+        print(f"{len(runs)} runs in {time.time() - start:.0f} s", flush=True)
+        if STOP.signum is not None:
+            print(f"stopped by {signal.Signals(STOP.signum).name}: the runs under way saved their last iteration; the "
+                  "same command resumes them and starts the rest", flush=True)  # fmt: skip
+            return 128 + STOP.signum
+    if args.report or args.report_only:
+        print("\n".join(report(runs, args.report or Path("report"))), flush=True)
+    return int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The runs of a sweep: which run an (env id, seed) is (the flags it was asked for), what it does next (start, resume,
+extend, skip), running it held by one sweep at a time, the sweep's stop, and the engines that run the runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from common.run import records
+
+
+@dataclasses.dataclass
+class Run:
+    """One run of a sweep: the script, its env id and seed, the flags every run gets, and the folder it runs from."""
+
+    script: str
+    env_id: str
+    seed: int
+    exp_name: str
+    flags: list[str]
+    cwd: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.env_id} seed {self.seed}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.env_id.replace('/', '-').replace(':', '-')}__{self.exp_name}__{self.seed}"
+
+    def folders(self) -> list[Path]:
+        """Every runs/ folder of this (env id, exp name, seed), oldest first."""
+        return sorted(Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda p: p.stat().st_mtime)
+
+    def asked(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """The flag values this run asks for, as args.json writes them: the script's defaults (those `saved`, an
+        args.json of the same script, records), with the flags given to every run and this run's own."""
+        asked = dict(saved.get("defaults", {}))
+        given = [*self.flags, "--env-id", self.env_id, "--seed", str(self.seed), "--exp-name", self.exp_name]
+        asked.update(parse_flags(given, asked))
+        return asked
+
+    def differences(self, folder: Path) -> dict[str, tuple[Any, Any]]:
+        """{field: (value asked, value the run in `folder` was made with)} for the flags that change records."""
+        saved = records.read_json(folder / "args.json") or {}
+        return records.differing(self.asked(saved), records.asked(saved)) if saved else {"args.json": ("here", None)}
+
+    def folder(self) -> Path | None:
+        """The newest runs/ folder of this run made with the flags it asks for, if it was started before."""
+        same = [folder for folder in self.folders() if not self.differences(folder)]
+        return same[-1] if same else None
+
+    def command(self) -> tuple[list[str], str]:
+        """The command line that runs, resumes or extends it, and what it will do; ([], why) if there is nothing to."""
+        cmd = [sys.executable, self.script, "--env-id", self.env_id, "--seed", str(self.seed), "--exp-name",
+               self.exp_name, *self.flags]  # fmt: skip
+        folder = self.folder()
+        if folder is None:
+            other = self.folders()
+            if not other:
+                return cmd, "start"
+            shown = ", ".join(f"{flag(name)} {theirs} there, {ours} here"
+                              for name, (ours, theirs) in self.differences(other[-1]).items())  # fmt: skip
+            return cmd, f"start (a new run: {other[-1].name} was made with other flags: {shown})"
+        pid = records.writer(folder)
+        if pid is not None:
+            return [], f"running in process {pid}: skipped"
+        if not (folder / "checkpoint.pt").exists():
+            return cmd, "start (its earlier start saved nothing)"
+        summary, saved = records.read_json(folder / "summary.json") or {}, records.read_json(folder / "args.json")
+        total = self.asked(saved).get("total_timesteps")
+        if summary.get("status") == "done" and total is not None and total <= saved.get("total_timesteps", 0):
+            return [], "finished before: skipped"
+        return [*cmd, "--resume", str(folder / "checkpoint.pt")], "resume"
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:
+    """{field: value} of command-line flags, each value of the type of its default in `like` (an int, a float, a
+    switch: --x or --no-x, a list, None); flags `like` does not have are left to the script to refuse."""
+    found, k = {}, 0
+    while k < len(words):
+        word, k = words[k], k + 1
+        if not word.startswith("--"):
+            continue
+        name, _, inline = word[2:].partition("=")
+        field = name.replace("-", "_")
+        if field.startswith("no_") and isinstance(like.get(field[3:]), bool):
+            found[field[3:]] = False
+            continue
+        if field not in like:
+            continue
+        if isinstance(like[field], bool):
+            found[field] = True
+            continue
+        values = [inline] if inline else []
+        while not inline and k < len(words) and not words[k].startswith("--"):
+            values.append(words[k])
+            k += 1
+        found[field] = _value(values, like[field])
+    return found
+
+
+def _value(values: list[str], default: Any) -> Any:
+    def one(text: str) -> Any:
+        if text == "None":
+            return None
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    if isinstance(default, list):
+        return [one(v) for v in values]
+    value = one(values[0]) if values else None
+    return float(value) if isinstance(default, float) and isinstance(value, int) else value
+
+
+class Stop:
+    """The sweep's stop: SIGINT or SIGTERM, passed on to the runs under way (which save and end), and no new run
+    started after it. The handler records and forwards; it raises nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.procs: set[subprocess.Popen] = set()
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._forward)
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        for proc in list(self.procs):
+            proc.send_signal(signum)
+
+    def started(self, proc: subprocess.Popen) -> None:
+        self.procs.add(proc)
+        if self.signum is not None:  # the stop came while it was starting
+            proc.send_signal(self.signum)
+
+
+STOP = Stop()
+
+
+class RunJob:
+    """Runs one Run to its end, its output in <cwd>/runs/sweep/<run>.log, holding <cwd>/runs/sweep/<run>.lock meanwhile,
+    so that two sweeps never run it twice. Under submitit it is Checkpointable: when SLURM preempts the job or its
+    time runs out, the run is stopped (it saves) and the job requeues itself to resume it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def __call__(self, run: Run) -> dict[str, Any]:
+        outcome = {"run": run.label, "did": "not started: the sweep was stopped", "exit": None}
+        if STOP.signum is not None:
+            return outcome | {"folder": None, "summary": None}
+        lock = Path(run.cwd, "runs", "sweep", run.key + ".lock")
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a+") as held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.seek(0)
+                return outcome | {"did": f"run by another sweep (process {held.read().strip()}): skipped",
+                                  "folder": None, "summary": None}  # fmt: skip
+            held.truncate(0)
+            held.write(str(os.getpid()))
+            held.flush()
+            cmd, outcome["did"] = run.command()
+            if cmd:
+                outcome["exit"] = self._run(run, cmd)
+        folder = run.folder()
+        summary = records.read_json(folder / "summary.json") if folder else None
+        return outcome | {"folder": str(folder) if folder else None, "summary": summary}
+
+    def _run(self, run: Run, cmd: list[str]) -> int:
+        log = Path(run.cwd, "runs", "sweep", f"{run.key}.log")
+        env = dict(os.environ, **{records.END_WITH_PARENT: "1"})  # the run stops when the sweep dies
+        with open(log, "a") as out:
+            self.proc = subprocess.Popen(cmd, cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            STOP.started(self.proc)
+            code = self.proc.wait()
+        STOP.procs.discard(self.proc)
+        self.proc = None
+        return code
+
+    def checkpoint(self, run: Run) -> Any:
+        """submitit's hook before a requeue: stop the run (it saves), then come back to resume it."""
+        import submitit
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=150)  # the scripts bound their own stop path at 120 s
+        self.proc = None
+        return submitit.helpers.DelayedSubmission(self, run)
+
+    def __getstate__(self) -> dict:
+        return {"proc": None}
+
+
+def submitit_executor(args: argparse.Namespace) -> Any:
+    """submitit's executor for --executor slurm or submitit-local, its logs in runs/submitit."""
+    import submitit
+
+    folder = Path(args.cwd, "runs", "submitit", "%j")
+    if args.executor == "submitit-local":
+        executor = submitit.AutoExecutor(folder=folder, cluster="local")
+        executor.update_parameters(timeout_min=args.timeout_min)
+        return executor
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    params = {"timeout_min": args.timeout_min, "slurm_array_parallelism": args.jobs, "slurm_partition": args.partition,
+              "cpus_per_task": args.cpus_per_task, "gpus_per_node": args.gpus, "name": args.exp_name}  # fmt: skip
+    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+    return executor
+
+
+def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every run, through the chosen engine; one outcome each, in order."""
+    if args.executor == "local":
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is a process of its own
+            return list(pool.map(lambda run: RunJob()(run), runs))
+    executor = submitit_executor(args)
+    jobs = executor.map_array(RunJob(), runs)
+    print(f"submitted {len(jobs)} jobs ({', '.join(job.job_id for job in jobs[:3])}...)", flush=True)
+    return [job.result() for job in jobs]
+
+
+def seeds(spec: list[str]) -> list[int]:
+    """Seeds as given: 1 2 3, or ranges 1-10."""
+    found = []
+    for item in spec:
+        lo, _, hi = item.partition("-")
+        found += list(range(int(lo), int(hi or lo) + 1))
+    return found

@@ -16,12 +16,8 @@ import gymnasium as gym
 from common.multiprocessing_env import check_layout
 from common.run import stops
 from common.run.errors import FlagError
+from common.run.records import flag
 from common.vecenv.layout import OldApi, ProbeFailed, probe
-
-
-def flag(name: str) -> str:
-    """The command-line spelling of an Args field: num_envs -> --num-envs."""
-    return "--" + name.replace("_", "-")
 
 
 def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:

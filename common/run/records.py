@@ -31,6 +31,11 @@ TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "ma
                        "save_model", "eval_episodes", "eval_checkpoint", "resume"})  # fmt: skip
 
 
+def flag(name: str) -> str:
+    """The command-line spelling of an Args field: num_envs -> --num-envs."""
+    return "--" + name.replace("_", "-")
+
+
 def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{field: (its value in flags, in other)} for each flag of `flags` that changes results (neither TOLERATED nor
     total_timesteps) and has another value in `other`."""

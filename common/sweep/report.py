@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from common.run import records
-from common.sweep.runs import Run, flag
+from common.run.records import flag
+from common.sweep.runs import Run
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.run import records
+from common.run.records import flag
 
 
 @dataclasses.dataclass
@@ -80,10 +81,6 @@ class Run:
         if summary.get("status") == "done" and total is not None and total <= saved.get("total_timesteps", 0):
             return [], "finished before: skipped"
         return [*cmd, "--resume", str(folder / "checkpoint.pt")], "resume"
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:

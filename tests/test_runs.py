@@ -39,6 +39,7 @@ class Flags:
     learning_rate: float = 2.5e-4
     gamma: float = 0.99
     norm_obs: bool = True
+    anneal_lr: bool = True
     total_timesteps: int = 1000
     checkpoint_interval: int = 0
     device_ids: list[int] = dataclasses.field(default_factory=list)
@@ -77,7 +78,8 @@ def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
     write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=500_000)
     cmd, what = run.command()  # the default rate there: a new run beside it, and why
     assert cmd and what == ("start (a new run: CartPole-v1__exp__1__1 was made with other flags: --learning-rate "
-                            "0.00025 there, 0.001 here)")  # fmt: skip
+                            "0.00025 there, 0.001 here, --total-timesteps 500000 (--anneal-lr: the learning rate "
+                            "falls over all of them) there, 500 here)")  # fmt: skip
     made = write_folder(
         runs_dir,
         "CartPole-v1__exp__1__2",
@@ -89,12 +91,43 @@ def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
     )
     # norm_obs false as it took effect (not asked), another --checkpoint-interval (tolerated): the same run
     assert run.folder() == made and run.command()[1] == "finished before: skipped"
-    run.flags = ["--total-timesteps", "800", "--learning-rate", "0.001"]
-    assert run.command() == ([*run.command()[0][:-2], "--resume", str(made / "checkpoint.pt")], "resume")
     records.write_json(made / "summary.json", {"status": "stopped by SIGTERM", "global_step": 96})
-    assert run.command()[1] == "resume"
+    assert run.command() == ([*run.command()[0][:-2], "--resume", str(made / "checkpoint.pt")], "resume")
     folder.hold(made)  # a live process writes it
     assert run.command() == ([], f"running in process {os.getpid()}: skipped")
+
+
+def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked(tmp_path):
+    """With --anneal-lr the learning rate falls over all of a run's steps: a run of another length, or one a resume
+    stretched, is another run. Without a schedule, a run not past the steps asked is resumed or extended to them."""
+    runs_dir = tmp_path / "runs"
+
+    def sweep(total, *flags):
+        return runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", str(total), *flags], str(tmp_path))
+
+    annealed = write_folder(runs_dir, "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500)
+    assert sweep(500).command()[1] == "finished before: skipped"
+    for total in (250, 800):  # neither a shorter nor a longer run is the one that finished
+        assert sweep(total).folder() is None
+        assert sweep(total).command()[1] == (
+            "start (a new run: CartPole-v1__exp__1__1 was made with other flags: --total-timesteps 500 (--anneal-lr: "
+            f"the learning rate falls over all of them) there, {total} here)"
+        )
+    saved = records.read_json(annealed / "args.json")  # a resume made it 800 steps long
+    saved["total_timesteps"] = 800
+    saved["resumes"] = [{"from_step": 500, "changed": {"total_timesteps": [500, 800]}}]
+    records.write_json(annealed / "args.json", saved)
+    assert sweep(800).folder() is None and "--total-timesteps 500 made 800 by a resume" in sweep(800).command()[1]
+
+    plain = write_folder(runs_dir, "CartPole-v1__exp__1__2", total_timesteps=500, global_step=500, anneal_lr=False)
+    cmd, what = sweep(800, "--no-anneal-lr").command()
+    assert (cmd[-2:], what) == (["--resume", str(plain / "checkpoint.pt")], "extend (from 500 to 800 steps: no "
+                                                                            "schedule spans it)")  # fmt: skip
+    assert sweep(250, "--no-anneal-lr").folder() is None  # past step 250: not the 250-step run
+    assert "--total-timesteps 500 (at step 500) there, 250 here" in sweep(250, "--no-anneal-lr").command()[1]
+    records.write_json(plain / "summary.json", {"status": "stopped by SIGTERM", "global_step": 200})
+    assert sweep(250, "--no-anneal-lr").command() == ([*cmd[:-5], "--total-timesteps", "250", "--no-anneal-lr",
+                                                       "--resume", str(plain / "checkpoint.pt")], "resume")  # fmt: skip
 
 
 def test_one_writer_per_run_folder(tmp_path):
@@ -251,9 +284,11 @@ def test_a_sweep_asked_for_other_flags_than_a_runs_starts_its_own_and_reports_on
     out = tiny_sweep(cwd, *flags)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "CartPole-v1 seed 1: start (a new run: CartPole-v1__ppo_vec__1__" in out.stdout
-    assert "was made with other flags: --learning-rate 0.00025 there, 0.001 here, --gamma 0.99 there, 0.95 here)" in (
-        out.stdout
+    said = (
+        "was made with other flags: --learning-rate 0.00025 there, 0.001 here, --gamma 0.99 there, 0.95 here, "
+        "--total-timesteps 256 (--anneal-lr: the learning rate falls over all of them) there, 384 here)"
     )
+    assert said in out.stdout
     text = (cwd / "report" / "report.md").read_text()
     (row,) = [line for line in text.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]  # one run: the new one
     assert "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 " in row
@@ -285,6 +320,12 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
                       tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert f"; resuming from iteration {stopped_at['iteration']} (step {stopped_at['global_step']}); " in out.stdout
+    share = 1 - stopped_at["iteration"] / (stopped_at["iteration"] + 2)  # a shorter run: the schedule moves, said
+    assert (
+        f"ppo_vec.py: --total-timesteps {stopped_at['global_step'] + 256} moves the end of --anneal-lr's schedule "
+        f"(made for 30720 steps): the learning rate goes on from {share:.2f} x --learning-rate down to 0 at step "
+        f"{stopped_at['global_step'] + 256}\n"
+    ) in out.stdout
     saved = json.loads((run_dir / "args.json").read_text())
     assert (saved["learning_rate"], saved["gamma"], saved["checkpoint_interval"]) == (0.001, 0.95, 2)
     assert saved["resumes"][0]["changed"] == {"total_timesteps": [30720, stopped_at["global_step"] + 256]}

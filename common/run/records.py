@@ -24,8 +24,8 @@ LOCK = ".lock"  # in a run folder: locked by the one process that writes the run
 END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # "1": the run stops (and saves) when the process that started it dies
 
 # Flags that change nothing a run learns. A run may go on with other values of them (--resume), and a sweep reuses a
-# run made with other values of them; every other flag is part of what the run's results are of, except
-# --total-timesteps, which may grow (a resumed or re-swept run is extended in its folder).
+# run made with other values of them; every other flag is part of what the run's results are of, --total-timesteps
+# included where a schedule spans the run (SCHEDULED; see `other_length`).
 TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "max_restarts", "num_threads", "cuda",
                        "backend", "device_ids", "track", "wandb_project_name", "wandb_entity", "capture_video",
                        "save_model", "eval_episodes", "eval_checkpoint", "resume"})  # fmt: skip
@@ -41,6 +41,25 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
     total_timesteps) and has another value in `other`."""
     return {name: (value, other.get(name)) for name, value in flags.items()
             if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value}  # fmt: skip
+
+
+# Flags that make a run learn by a schedule over its --total-timesteps: with one on, a run of another length is
+# another run (--anneal-lr: the learning rate falls to 0 at the run's last step).
+SCHEDULED = ("anneal_lr",)
+
+
+def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
+    """Why the run of args.json `saved`, at step `reached`, is not the run of `total` steps that its other flags make
+    it (None: it is, once resumed to `total`), said as its --total-timesteps: with a SCHEDULED flag on, it was made for
+    another length, or a resume changed its length; else it is past step `total`."""
+    trained = saved.get("total_timesteps")
+    if any(saved.get(name) for name in SCHEDULED):
+        lengths = [resume["changed"]["total_timesteps"][0] for resume in saved.get("resumes", [])
+                   if "total_timesteps" in resume.get("changed", {})]  # fmt: skip
+        if lengths:
+            return f"{lengths[0]} made {trained} by a resume (--anneal-lr's schedule changed midway)"
+        return None if trained == total else f"{trained} (--anneal-lr: the learning rate falls over all of them)"
+    return f"{trained} (at step {reached})" if reached > total else None
 
 
 def asked(saved: dict[str, Any]) -> dict[str, Any]:

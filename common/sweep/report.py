@@ -76,7 +76,6 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
 
 
 # ------------------------------------------------------------------------------------------- several runs, compared
-# ------------------------------------------------------------------------------------------- several runs, compared
 def episodes(run_dir: Path | str) -> tuple[Any, Any, Any]:
     """A run's episodes as arrays: global step, raw return, and seconds since the run's first logged point."""
     import numpy as np

@@ -50,9 +50,17 @@ class Run:
         return asked
 
     def differences(self, folder: Path) -> dict[str, tuple[Any, Any]]:
-        """{field: (value asked, value the run in `folder` was made with)} for the flags that change records."""
+        """{field: (value asked, value the run in `folder` was made with)} for the flags that change results, its
+        --total-timesteps included where it keeps that run from becoming the one asked (records.other_length)."""
         saved = records.read_json(folder / "args.json") or {}
-        return records.differing(self.asked(saved), records.asked(saved)) if saved else {"args.json": ("here", None)}
+        if not saved:
+            return {"args.json": ("here", None)}
+        asked = self.asked(saved)
+        found = records.differing(asked, records.asked(saved))
+        reached = (records.read_json(folder / "summary.json") or {}).get("global_step", 0)
+        if (total := asked.get("total_timesteps")) is not None and (why := records.other_length(total, saved, reached)):
+            found["total_timesteps"] = (total, why)
+        return found
 
     def folder(self) -> Path | None:
         """The newest runs/ folder of this run made with the flags it asks for, if it was started before."""
@@ -77,10 +85,13 @@ class Run:
         if not (folder / "checkpoint.pt").exists():
             return cmd, "start (its earlier start saved nothing)"
         summary, saved = records.read_json(folder / "summary.json") or {}, records.read_json(folder / "args.json")
-        total = self.asked(saved).get("total_timesteps")
-        if summary.get("status") == "done" and total is not None and total <= saved.get("total_timesteps", 0):
+        total, trained = self.asked(saved).get("total_timesteps"), saved.get("total_timesteps", 0)
+        resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
+        if summary.get("status") != "done":
+            return resume, "resume"
+        if total is None or total <= trained:  # the same number of iterations: other_length let no other pass
             return [], "finished before: skipped"
-        return [*cmd, "--resume", str(folder / "checkpoint.pt")], "resume"
+        return resume, f"extend (from {trained} to {total} steps: no schedule spans it)"
 
 
 def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def test_ctrl_c_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
     start = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group: launcher, ranks, their helpers
     _, stderr = proc.communicate(timeout=60)
-    assert time.monotonic() - start < 10, "the job took too long to stop"
+    assert time.monotonic() - start < 60, "the job took too long to stop"  # the stop path, not its 120 s bound
     assert proc.returncode != 0
     assert "ppo_atari_multigpu.py: stopped by SIGINT: " in stderr, stderr[-3000:]
     deadline = time.monotonic() + 5

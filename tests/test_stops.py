@@ -149,7 +149,7 @@ def test_a_second_ctrl_c_ends_a_stop_that_waits_at_once(tmp_path):
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 20  # at once, not after the stop's 120 s bound (a loaded machine is slow)
     assert proc.returncode == 130 and stderr.endswith("prog.py: a second Ctrl-C: ending now\n")
 
 

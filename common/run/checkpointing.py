@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from common.run import stops
+from common.run import records, stops
 from common.run.errors import Finished, FlagError, RunError
 from common.run.flags import flag, given, given_fields
 from common.run.records import TOLERATED
@@ -43,19 +43,9 @@ def save_checkpoint(path: Path | str, state: dict) -> None:
         torch.save(state, buffer)
     except Exception as exc:  # noqa: BLE001 - something in the state does not pickle
         raise RunError(f"could not write {path} ({exc}); the previous file, if any, is unchanged") from None
-    tmp = path.with_name(f"{path.name}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = buffer.getbuffer()
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        records.write_atomically(path, buffer.getbuffer())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         reason = "no space left on device" if exc.errno == errno.ENOSPC else f"{type(exc).__name__}: {exc.strerror}"
         raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
 

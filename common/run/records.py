@@ -84,15 +84,28 @@ def writer(run_dir: Path) -> int | None:
         os.close(fd)
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Writes data as JSON, atomically: a reader sees the old file or the new one, never a part."""
+def write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Writes data to path so that a reader sees the old file or the new one, never a part: a temp file beside it,
+    flushed to disk, renamed over it. On failure the temp file is removed and path is as it was (OSError raised)."""
     tmp = path.with_name(f"{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Writes data as JSON, atomically (write_atomically)."""
+    write_atomically(Path(path), (json.dumps(data, indent=1, default=str) + "\n").encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from common.normalize import ObsNormalizer, RewardScaler
 from tests.helpers import (
     CLEANRL_TAGS,
     FAULT_ENV,
+    LONG,
     REPO,
     VEC,
     VEC_TINY,
@@ -208,7 +209,7 @@ def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("norm_obs", [True, False])
+@pytest.mark.parametrize("norm_obs", [True, *LONG(False)])  # --no-norm-obs: -m long (CartPole's runs go without)
 def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     args = [*VEC_TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
     args += ["--num-workers", "0"]  # the layout plays no part

@@ -47,7 +47,7 @@ class Flags:
 
 
 # ------------------------------------------------------------------------------------------------- a run's identity
-def write_folder(runs_dir, name, given=None, status="done", global_step=1000, **flags) -> object:
+def write_folder(runs_dir, name, given=None, status="done", global_step=1000, steps_per_iteration=None, **flags):
     """A run folder as a script leaves it (its seed the one its name says, given as a sweep gives it): args.json
     (flags, defaults, what its command line gave), summary.json, a checkpoint file."""
     folder = runs_dir / name
@@ -55,7 +55,7 @@ def write_folder(runs_dir, name, given=None, status="done", global_step=1000, **
     flags["seed"] = int(name.split("__")[2])
     given = sorted(flags) if given is None else [*given, "seed"]
     record = {"script": "s.py", **dataclasses.asdict(Flags(**flags)), "defaults": dataclasses.asdict(Flags()),
-              "given": given, "resumes": []}  # fmt: skip
+              "given": given, "steps_per_iteration": steps_per_iteration, "resumes": []}  # fmt: skip
     records.write_json(folder / "args.json", record)
     records.write_json(folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000})
     (folder / "checkpoint.pt").write_bytes(b"")
@@ -98,36 +98,55 @@ def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
 
 
 def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked(tmp_path):
-    """With --anneal-lr the learning rate falls over all of a run's steps: a run of another length, or one a resume
-    stretched, is another run. Without a schedule, a run not past the steps asked is resumed or extended to them."""
+    """With --anneal-lr the learning rate falls over all of a run's iterations: a run of other iterations, or one a
+    resume stretched, is another run. Without a schedule, a run not past the steps asked is resumed or extended to
+    them. Totals that make the same whole iterations (100 steps each here) are the same run."""
     runs_dir = tmp_path / "runs"
 
     def sweep(total, *flags):
         return runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", str(total), *flags], str(tmp_path))
 
-    annealed = write_folder(runs_dir, "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500)
-    assert sweep(500).command()[1] == "finished before: skipped"
+    annealed = write_folder(runs_dir, "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500,
+                            steps_per_iteration=100)  # fmt: skip
+    assert sweep(500).command()[1] == sweep(550).command()[1] == "finished before: skipped"  # 5 iterations
     for total in (250, 800):  # neither a shorter nor a longer run is the one that finished
         assert sweep(total).folder() is None
         assert sweep(total).command()[1] == (
             "start (a new run: CartPole-v1__exp__1__1 was made with other flags: --total-timesteps 500 (--anneal-lr: "
             f"the learning rate falls over all of them) there, {total} here)"
         )
-    saved = records.read_json(annealed / "args.json")  # a resume made it 800 steps long
-    saved["total_timesteps"] = 800
-    saved["resumes"] = [{"from_step": 500, "changed": {"total_timesteps": [500, 800]}}]
+    saved = records.read_json(annealed / "args.json")
+    saved["resumes"] = [{"from_step": 300, "changed": {"total_timesteps": [500, 550]}}]  # its 5 iterations kept
     records.write_json(annealed / "args.json", saved)
-    assert sweep(800).folder() is None and "--total-timesteps 500 made 800 by a resume" in sweep(800).command()[1]
+    assert sweep(500).folder() == annealed
+    saved["total_timesteps"] = 800  # a later resume made it 8 iterations long
+    saved["resumes"].append({"from_step": 500, "changed": {"total_timesteps": [550, 800]}})
+    records.write_json(annealed / "args.json", saved)
+    assert sweep(800).folder() is None and "--total-timesteps 550 made 800 by a resume" in sweep(800).command()[1]
 
-    plain = write_folder(runs_dir, "CartPole-v1__exp__1__2", total_timesteps=500, global_step=500, anneal_lr=False)
+    plain = write_folder(runs_dir, "CartPole-v1__exp__1__2", total_timesteps=500, global_step=500, anneal_lr=False,
+                         steps_per_iteration=100)  # fmt: skip
     cmd, what = sweep(800, "--no-anneal-lr").command()
     assert (cmd[-2:], what) == (["--resume", str(plain / "checkpoint.pt")], "extend (from 500 to 800 steps: no "
                                                                             "schedule spans it)")  # fmt: skip
+    assert sweep(550, "--no-anneal-lr").command()[1] == "finished before: skipped"  # no more whole iterations
     assert sweep(250, "--no-anneal-lr").folder() is None  # past step 250: not the 250-step run
     assert "--total-timesteps 500 (at step 500) there, 250 here" in sweep(250, "--no-anneal-lr").command()[1]
     records.write_json(plain / "summary.json", {"status": "stopped by SIGTERM", "global_step": 200})
     assert sweep(250, "--no-anneal-lr").command() == ([*cmd[:-5], "--total-timesteps", "250", "--no-anneal-lr",
                                                        "--resume", str(plain / "checkpoint.pt")], "resume")  # fmt: skip
+
+
+def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reused(tmp_path):
+    """A run folder from before args.json recorded the defaults and the flags given matches nothing: a new run."""
+    old = write_folder(tmp_path / "runs", "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500)
+    saved = records.read_json(old / "args.json")
+    records.write_json(old / "args.json", {k: v for k, v in saved.items() if k not in ("defaults", "given")})
+    run = runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "1280", "--learning-rate", "0.001"],
+                   str(tmp_path))  # fmt: skip
+    assert run.folder() is None
+    assert run.command()[1] == ("start (a new run: CartPole-v1__exp__1__1 has no args.json telling what it was asked "
+                                "for)")  # fmt: skip
 
 
 def test_one_writer_per_run_folder(tmp_path):

@@ -18,7 +18,7 @@ from common.run.errors import FlagError, RunError
 from common.run.flags import given_fields
 
 
-def make_run_dir(args: Any, root: str = "runs") -> Path:
+def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None = None) -> Path:
     """Creates runs/{env_id}__{exp_name}__{seed}__{unix time}, with -2, -3, ... appended if that exists already, holds
     it (`hold`) and writes the flags into it (args.json); RunError in one line if the folder cannot be made here."""
     base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -29,7 +29,7 @@ def make_run_dir(args: Any, root: str = "runs") -> Path:
             with contextlib.suppress(FileExistsError):
                 path.mkdir()  # atomic: two runs starting in the same second never share a folder
                 hold(path)
-                write_args(path, args)
+                write_args(path, args, steps_per_iteration=steps_per_iteration)
                 return path
     except OSError as exc:  # read-only, full, or `runs` is a file
         why = "a file of that name is in the way" if os.path.isfile(root) else exc.strerror
@@ -56,29 +56,31 @@ def hold(run_dir: Path) -> None:
     _held.append(fd)
 
 
-def run_folder(args: Any, checkpoint: dict | None = None) -> Path:
+def run_folder(args: Any, checkpoint: dict | None = None, steps_per_iteration: int | None = None) -> Path:
     """The run's folder: a new one (make_run_dir), or with --resume the checkpoint's, held (`hold`), its args.json
     rewritten with this resume recorded."""
     if args.resume is None:
-        return make_run_dir(args)
+        return make_run_dir(args, steps_per_iteration=steps_per_iteration)
     run_dir = Path(args.resume).parent
     hold(run_dir)
     try:
-        write_args(run_dir, args, checkpoint)
+        write_args(run_dir, args, checkpoint, steps_per_iteration)
     except OSError as exc:
         raise RunError(f"cannot write into {run_dir} ({exc.strerror}): a resumed run goes on in its folder") from None
     return run_dir
 
 
-def write_args(run_dir: Path, args: Any, resumed: dict | None = None) -> None:
-    """args.json: the flags the run is trained with (the same on every resume but TOLERATED ones and a larger
+def write_args(run_dir: Path, args: Any, resumed: dict | None = None, steps_per_iteration: int | None = None) -> None:
+    """args.json: the flags the run is trained with (the same on every resume but TOLERATED ones and
     --total-timesteps; as they took effect: ppo_vec.py's norm_obs is false for Discrete actions), the script's
     defaults, the fields its first command line gave (with the defaults, what the run was asked for: its identity,
-    records.asked), and each resume: when, from which iteration and step, and which flags it changed."""
+    records.asked), the steps of one iteration (all ranks'), and each resume: when, from which iteration and step, and
+    which flags it changed."""
     path = run_dir / "args.json"
     flags = dataclasses.asdict(args)
     record = {"script": Path(sys.argv[0]).name, **flags, "defaults": dataclasses.asdict(type(args)()),
-              "given": sorted(given_fields(type(args))), "resumes": []}  # fmt: skip
+              "given": sorted(given_fields(type(args))), "steps_per_iteration": steps_per_iteration,
+              "resumes": []}  # fmt: skip
     if resumed is not None:
         earlier = records.read_json(path) or {}
         record["given"] = earlier.get("given", record["given"])  # what the run was started with

@@ -45,7 +45,7 @@ def begin(checkpoints: Any, args: Any, num_iterations: int, is_main: bool = True
     start_iteration = checkpoint["iteration"] + 1 if checkpoint else 1
     if checkpoint and is_main:
         _say_if_the_schedule_changes(args, checkpoint["args"], start_iteration, num_iterations, checkpoints)
-    run_dir = run_folder(args, checkpoint) if is_main else None
+    run_dir = run_folder(args, checkpoint, checkpoints.steps_per_iteration) if is_main else None
     earlier = (records.read_json(run_dir / "summary.json") or {}) if checkpoint and run_dir else {}
     steps = checkpoints.steps_per_iteration
     progress = Progress(num_iterations * steps, (start_iteration - 1) * steps, speaks=is_main, resumed=checkpoint,

@@ -48,18 +48,30 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
 SCHEDULED = ("anneal_lr",)
 
 
+def ends_at(total: int, saved: dict[str, Any]) -> int:
+    """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps (whole iterations;
+    `total` itself for a record that does not give the size)."""
+    steps = saved.get("steps_per_iteration")
+    return total // steps * steps if steps else total
+
+
 def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
     """Why the run of args.json `saved`, at step `reached`, is not the run of `total` steps that its other flags make
     it (None: it is, once resumed to `total`), said as its --total-timesteps: with a SCHEDULED flag on, it was made for
-    another length, or a resume changed its length; else it is past step `total`."""
+    another number of iterations, or a resume changed that number; else it is past the steps asked."""
     trained = saved.get("total_timesteps")
+    if trained is None:
+        return "not recorded"
     if any(saved.get(name) for name in SCHEDULED):
-        lengths = [resume["changed"]["total_timesteps"][0] for resume in saved.get("resumes", [])
-                   if "total_timesteps" in resume.get("changed", {})]  # fmt: skip
-        if lengths:
-            return f"{lengths[0]} made {trained} by a resume (--anneal-lr's schedule changed midway)"
-        return None if trained == total else f"{trained} (--anneal-lr: the learning rate falls over all of them)"
-    return f"{trained} (at step {reached})" if reached > total else None
+        stretched = [change for resume in saved.get("resumes", [])
+                     if (change := resume.get("changed", {}).get("total_timesteps"))
+                     and ends_at(change[0], saved) != ends_at(change[1], saved)]  # fmt: skip
+        if stretched:
+            return f"{stretched[0][0]} made {stretched[0][1]} by a resume (--anneal-lr's schedule changed midway)"
+        if ends_at(trained, saved) == ends_at(total, saved):
+            return None
+        return f"{trained} (--anneal-lr: the learning rate falls over all of them)"
+    return f"{trained} (at step {reached})" if reached > ends_at(total, saved) else None
 
 
 def asked(saved: dict[str, Any]) -> dict[str, Any]:

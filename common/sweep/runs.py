@@ -38,8 +38,14 @@ class Run:
         return f"{self.env_id.replace('/', '-').replace(':', '-')}__{self.exp_name}__{self.seed}"
 
     def folders(self) -> list[Path]:
-        """Every runs/ folder of this (env id, exp name, seed), oldest first."""
-        return sorted(Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda p: p.stat().st_mtime)
+        """Every runs/ folder of this (env id, exp name, seed), oldest first: by the time its name gives (the second
+        it was made, then -2, -3, ...: folder.make_run_dir), not by the last write into it."""
+
+        def made(folder: Path) -> tuple[int, int]:
+            stamp, _, k = folder.name.rsplit("__", 1)[1].partition("-")
+            return (int(stamp), int(k or 1)) if stamp.isdigit() and (k or "1").isdigit() else (0, 0)
+
+        return sorted(Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda folder: (made(folder), folder.name))
 
     def asked(self, saved: dict[str, Any]) -> dict[str, Any]:
         """The flag values this run asks for, as args.json writes them: the script's defaults (those `saved`, an
@@ -53,8 +59,8 @@ class Run:
         """{field: (value asked, value the run in `folder` was made with)} for the flags that change results, its
         --total-timesteps included where it keeps that run from becoming the one asked (records.other_length)."""
         saved = records.read_json(folder / "args.json") or {}
-        if not saved:
-            return {"args.json": ("here", None)}
+        if not {"defaults", "given"} <= saved.keys():  # none, or one written before runs recorded what was asked
+            return {"args.json": (None, None)}
         asked = self.asked(saved)
         found = records.differing(asked, records.asked(saved))
         reached = (records.read_json(folder / "summary.json") or {}).get("global_step", 0)
@@ -76,8 +82,10 @@ class Run:
             other = self.folders()
             if not other:
                 return cmd, "start"
-            shown = ", ".join(f"{flag(name)} {theirs} there, {ours} here"
-                              for name, (ours, theirs) in self.differences(other[-1]).items())  # fmt: skip
+            found = self.differences(other[-1])
+            if "args.json" in found:
+                return cmd, f"start (a new run: {other[-1].name} has no args.json telling what it was asked for)"
+            shown = ", ".join(f"{flag(name)} {theirs} there, {ours} here" for name, (ours, theirs) in found.items())
             return cmd, f"start (a new run: {other[-1].name} was made with other flags: {shown})"
         pid = records.writer(folder)
         if pid is not None:
@@ -89,9 +97,10 @@ class Run:
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
             return resume, "resume"
-        if total is None or total <= trained:  # the same number of iterations: other_length let no other pass
-            return [], "finished before: skipped"
-        return resume, f"extend (from {trained} to {total} steps: no schedule spans it)"
+        if total is None or records.ends_at(total, saved) <= records.ends_at(trained, saved):
+            return [], "finished before: skipped"  # its iterations are those asked: other_length let no fewer pass
+        steps = (records.ends_at(trained, saved), records.ends_at(total, saved))
+        return resume, f"extend (from {steps[0]} to {steps[1]} steps: no schedule spans it)"
 
 
 def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:

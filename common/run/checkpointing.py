@@ -28,7 +28,6 @@ import torch
 from common.run import records, stops
 from common.run.errors import Finished, FlagError, RunError
 from common.run.flags import flag, given, given_fields
-from common.run.records import TOLERATED
 
 
 def save_checkpoint(path: Path | str, state: dict) -> None:
@@ -179,15 +178,14 @@ def trained_flags(args: Any, script: str) -> Any:
     if args.resume is None:
         return args
     saved = saved_args(load_checkpoint(args.resume, "--resume", script), type(args))
-    given = [f.name for f in dataclasses.fields(args) if f.name in given_fields(type(args))]  # in the flags' order
-    kept = {name: (getattr(saved, name), getattr(args, name)) for name in given if name not in TOLERATED
-            and name != "total_timesteps" and getattr(args, name) != getattr(saved, name)}  # fmt: skip
+    fields = given_fields(type(args))
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name in fields}  # in flags' order
+    kept = records.differing(given, dataclasses.asdict(saved))
     if kept:
-        listed = ", ".join(f"{flag(name)} {before} (not {after})" for name, (before, after) in kept.items())
+        listed = ", ".join(f"{flag(name)} {before} (not {after})" for name, (after, before) in kept.items())
         raise FlagError(f"--resume {args.resume} continues a run trained with {listed}: a run's results come from one "
                         "set of flags; drop those flags, or start a new run")  # fmt: skip
-    changes = {name: getattr(args, name) for name in given if name in TOLERATED or name == "total_timesteps"}
-    return dataclasses.replace(saved, **changes | {"resume": args.resume})
+    return dataclasses.replace(saved, **given | {"resume": args.resume})  # the others given equal the run's own
 
 
 def env_states_of(checkpoint: dict, rank: int = 0) -> bytes | None:

@@ -43,28 +43,29 @@ def begin(checkpoints: Any, args: Any, num_iterations: int, is_main: bool = True
     counter)."""
     checkpoint = checkpoints.resume(args.resume, num_iterations) if args.resume else None
     start_iteration = checkpoint["iteration"] + 1 if checkpoint else 1
-    if checkpoint and is_main:
-        _say_if_the_schedule_changes(args, checkpoint["args"], start_iteration, num_iterations, checkpoints)
-    run_dir = run_folder(args, checkpoint, checkpoints.steps_per_iteration) if is_main else None
-    earlier = (records.read_json(run_dir / "summary.json") or {}) if checkpoint and run_dir else {}
     steps = checkpoints.steps_per_iteration
+    if checkpoint and is_main:
+        _say_if_the_schedule_changes(args, checkpoint["args"], start_iteration, num_iterations, steps)
+    run_dir = run_folder(args, checkpoint, steps) if is_main else None
+    earlier = (records.read_json(run_dir / "summary.json") or {}) if checkpoint and run_dir else {}
     progress = Progress(num_iterations * steps, (start_iteration - 1) * steps, speaks=is_main, resumed=checkpoint,
                         earlier=earlier)  # fmt: skip
     return checkpoint, start_iteration, run_dir, progress
 
 
 def _say_if_the_schedule_changes(args: Any, before: dict, start_iteration: int, num_iterations: int,
-                                 checkpoints: Any) -> None:  # fmt: skip
+                                 steps: int) -> None:  # fmt: skip
     """A line when a resume's --total-timesteps moves the end of a schedule that spans the run (--anneal-lr): the run
-    goes on, but it is no longer the run a fresh start of either length makes (a sweep reuses it for neither)."""
-    planned = before.get("total_timesteps", args.total_timesteps) // checkpoints.steps_per_iteration
-    if planned == num_iterations or not any(getattr(args, name, False) for name in records.SCHEDULED):
+    goes on, but it is no longer the run a fresh start of either length makes (a sweep reuses it for neither).
+    `before`: the flags of the checkpoint resumed from; `steps`: the steps of one iteration."""
+    planned = before.get("total_timesteps", args.total_timesteps) // steps
+    if planned == num_iterations or not records.scheduled(vars(args)):
         return
     share = 1.0 - (start_iteration - 1.0) / num_iterations
     print(
         f"{Path(sys.argv[0]).name}: --total-timesteps {args.total_timesteps} moves the end of --anneal-lr's schedule "
         f"(made for {before['total_timesteps']} steps): the learning rate goes on from {share:.2f} x "
-        f"--learning-rate down to 0 at step {num_iterations * checkpoints.steps_per_iteration}",
+        f"--learning-rate down to 0 at step {num_iterations * steps}",
         flush=True,
     )
 

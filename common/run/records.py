@@ -48,6 +48,11 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
 SCHEDULED = ("anneal_lr",)
 
 
+def scheduled(flags: dict[str, Any]) -> bool:
+    """Whether a run of these flags learns by a schedule over its --total-timesteps (a SCHEDULED flag is on)."""
+    return any(flags.get(name) for name in SCHEDULED)
+
+
 def ends_at(total: int, saved: dict[str, Any]) -> int:
     """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps (whole iterations;
     `total` itself for a record that does not give the size)."""
@@ -62,7 +67,7 @@ def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
     trained = saved.get("total_timesteps")
     if trained is None:
         return "not recorded"
-    if any(saved.get(name) for name in SCHEDULED):
+    if scheduled(saved):
         stretched = [change for resume in saved.get("resumes", [])
                      if (change := resume.get("changed", {}).get("total_timesteps"))
                      and ends_at(change[0], saved) != ends_at(change[1], saved)]  # fmt: skip

@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -46,9 +46,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from common.atari_wrappers import deepmind
-from common.multiprocessing_env import SubprocVecEnv
-from common.run import checkpointing, flags, folder, lifecycle, ranks
 from common.run.errors import FlagError
+from common.run.ranks import RankedRun
 
 
 @dataclass
@@ -132,19 +131,18 @@ class Args:
     """seconds an env step may take before its worker counts as stuck (None: no limit)"""
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: Path | None, noop_max: int = 30):
+def make_env(args: Args, idx: int, run_dir: Path | None, noop_max: int = 30):
     """A thunk building env `idx` with DeepMind's preprocessing (common/atari_wrappers.py): noops,
     frame skip 4 with max-pooling, 84x84 gray, a lost life ends the episode, fire on reset, rewards
-    clipped, 4 frames; the returns it
-    reports are raw full-game scores."""
+    clipped, 4 frames; the returns it reports are raw full-game scores. Video: env 0 of rank 0."""
 
     def thunk():
         gym.register_envs(ale_py)
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every env
-        render_mode = "rgb_array" if capture_video and idx == 0 else None
+        video = args.capture_video and idx == 0 and run_dir is not None
         # obs_type="ram": no RGB frame copied out per frame (the preprocessing reads the screen)
-        env = gym.make(env_id, frameskip=1, obs_type="ram", render_mode=render_mode)
-        if render_mode:
+        env = gym.make(args.env_id, frameskip=1, obs_type="ram", render_mode="rgb_array" if video else None)
+        if video:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         return deepmind(env, noop_max)  # one wrapper (gymnasium's under a recorder): same numbers
 
@@ -220,59 +218,32 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
     return advantages
 
 
-def check_args(args: Args, world_size: int, local_world_size: int) -> int:
-    """Every mistake visible before anything starts, as a FlagError naming the flag; the actions."""
+def check_args(args: Args, local_world_size: int) -> None:
+    """The flags only this script has, as FlagErrors naming the flag, before the env is built."""
     gpus = torch.cuda.device_count() if args.cuda else 0
     ids = args.device_ids or range(local_world_size)
-    flags.check(args, flags.batch_rules(args, "local_num_envs", world_size) + [
-        ("num_threads", args.num_threads is None or args.num_threads >= 1, ">= 1 (or unset)"),
-        ("backend", args.backend != "nccl" or gpus > 0, "gloo without CUDA (or unset)"),
-        ("device_ids", not gpus or len(ids) >= local_world_size and max(ids) < gpus,
-         f"one of {gpus} GPUs for each local rank"),
-    ])  # fmt: skip
-    flags.check_env_id(args.env_id)  # imports the module of a module:EnvId id
+    if args.backend == "nccl" and not gpus:
+        raise FlagError("--backend must be gloo without CUDA (or unset), got nccl")
+    if gpus and (len(ids) < local_world_size or max(ids) >= gpus):
+        raise FlagError(f"--device-ids must be one of {gpus} GPUs for each local rank, got {args.device_ids}")
     if gym.spec(args.env_id.rpartition(":")[2]).entry_point != "ale_py.env:AtariEnv":
         raise FlagError(f"--env-id {args.env_id!r} is not an Atari id (try BreakoutNoFrameskip-v4)")
-    probe = make_env(args.env_id, 0, False, None)  # built in a process of its own
-    found = flags.probe_env(args.env_id, probe, args.step_timeout or 600.0)
-    return int(found["spaces"][1].n)
 
 
-def evaluate(args: Args, path: str, device, writer=None) -> list:
-    """Raw scores of a checkpoint's greedy policy over full games, printed (logged if `writer`)."""
-    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_atari_multigpu.py", Args, args.env_id)
-    env = make_env(saved.env_id, 0, args.capture_video, Path(path).parent / "eval")()
-    agent = Agent(env.action_space.n).to(device)
-    checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
-
-    def act(obs):
-        with torch.inference_mode():
-            x = torch.as_tensor(np.asarray(obs), device=device)[None]
-            return agent.get_policy(x)[0].argmax().item()
-
-    episodes, seed = args.eval_episodes, saved.seed + 10_000  # seeds training never used
-    return checkpointing.evaluate(env, act, episodes, seed, writer)
-
-
-def main(args: Args) -> None:
+def main(args: Args) -> list[float] | None:
     # torchrun sets these; plain `python` is one rank with no process group
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    is_main, distributed = rank == 0, world_size > 1
-    args = checkpointing.trained_flags(args, "ppo_atari_multigpu.py")  # --resume: its own flags
-    num_actions = check_args(args, world_size, local_world_size)
+    run = RankedRun(args, rank, world_size, local_world_size)  # --resume: the run's own flags (as many ranks)
+    args = run.args
+    check_args(args, local_world_size)
+    _, action_space = run.probe(make_env)  # env 0, built in a process of its own
     use_cuda = args.cuda and torch.cuda.is_available()
-    gpu = (args.device_ids or range(local_world_size))[local_rank]
-    device = torch.device(f"cuda:{gpu}" if use_cuda else "cpu")
+    device = torch.device(f"cuda:{(args.device_ids or range(local_world_size))[local_rank]}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    cores = max(1, len(os.sched_getaffinity(0)) // local_world_size)  # this rank's share
-    torch.set_num_threads(args.num_threads or cores)
-    if args.eval_checkpoint is not None:
-        if is_main:
-            evaluate(args, args.eval_checkpoint, device)
-        return
+    torch.set_num_threads(args.num_threads or max(1, len(os.sched_getaffinity(0)) // local_world_size))
     local_batch_size = args.local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
     batch_size = local_batch_size * world_size
@@ -281,43 +252,25 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng([args.seed, rank])  # sampling and minibatch order: a rank's own
-    agent = Agent(num_actions).to(device)
+    agent = Agent(int(action_space.n)).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    modules = {"model": agent, "optimizer": optimizer}
-    checkpoints = checkpointing.Checkpoints("ppo_atari_multigpu.py", args, modules, batch_size, world_size)
-    begun = lifecycle.begin(checkpoints, args, num_iterations, is_main)
-    checkpoint, start_iteration, run_dir, progress = begun
-    if checkpoint and checkpoint["rng"][rank] is None:  # saved by a stop, which knew rank 0's alone
-        rng = np.random.default_rng([args.seed, rank, start_iteration])  # a fresh draw of its own
-    elif checkpoint:
-        rng.bit_generator.state = checkpoint["rng"][rank]
-    global_step = progress.first_step
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
 
-    video = args.capture_video and is_main
-    env_fns = [make_env(args.env_id, i, video, run_dir) for i in range(args.local_num_envs)]
-    with (
-        ranks.process_group(args.backend or ("nccl" if use_cuda else "gloo"), distributed),
-        SubprocVecEnv(env_fns, **flags.vec_env_options(args, cores)) as envs,
-        lifecycle.ending("ppo_atari_multigpu.py", run_dir, checkpoints, progress, envs.layout) as run,
-        folder.open_writer(run_dir, args, first_step=global_step) as writer,
-    ):
+    def greedy(obs):  # the policy evaluated
+        with torch.inference_mode():
+            return agent.get_policy(to_torch(obs))[0].argmax(-1).cpu().numpy()
+
+    if args.eval_checkpoint is not None:
+        return run.evaluate(greedy, model=agent)
+
+    # What a checkpoint holds, kept at every iteration boundary (every rank's rng and envs): a stop resumes exactly
+    with run.start(device, num_iterations, batch_size, model=agent, optimizer=optimizer, rng=rng) as writer:
         ddp_agent = agent  # what the update calls (DDP's backward averages gradients over ranks)
-        if distributed:
+        if world_size > 1:
             ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None)
-        start = (start_iteration - 1) * world_size + rank  # fresh seeds at every start of the run
-        first_seed = args.seed + start * args.local_num_envs
-        seeds = ranks.all_ranks(list(range(first_seed, first_seed + args.local_num_envs)))
-        several = f", x {world_size} ranks, env seeds {seeds}" if distributed else ""
-        if is_main:
-            folder.announce(f"{args.env_id}, {envs.placement} on {device.type}{several}",
-                                run_dir, checkpoint)  # fmt: skip
-        # the envs as the checkpoint left them, or fresh episodes with seeds this run has not used
-        next_obs, _ = checkpointing.start_envs(envs, checkpoint, rank, first_seed)
-        # a stop saves rank 0's snapshot without collectives (ranks may be gone): its rng alone
-        run.snapshot(start_iteration - 1, [rng.bit_generator.state] + [None] * (world_size - 1))
+        envs, next_obs = run.make_envs([make_env(args, i, run.dir) for i in range(args.local_num_envs)])
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs_shape, action_shape = envs.single_observation_space.shape, ()  # Discrete actions
         obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)
@@ -325,7 +278,8 @@ def main(args: Args) -> None:
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
-        for iteration in range(start_iteration, num_iterations + 1):
+        for iteration in run.iterations():
+            global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
@@ -333,11 +287,11 @@ def main(args: Args) -> None:
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
             for step in range(args.num_steps):
                 if run.stop_requested():
-                    break  # the iteration is dropped: a stop saves the last whole one
+                    break  # the iteration is dropped: the ranks agree on the stop below
                 global_step += args.local_num_envs * world_size
                 obs[step] = next_obs
                 with torch.inference_mode():
-                    actions[step] = sample(agent.get_policy(to_torch(next_obs)), rng)
+                    actions[step] = sample(agent.get_policy(to_torch(obs[step])), rng)
                 env_start = time.perf_counter()
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
@@ -349,7 +303,7 @@ def main(args: Args) -> None:
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
                     episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
 
-            run.stop_if_asked()  # (under torchrun: if any rank was asked)
+            run.stop_if_asked()  # if any rank was asked: every rank stops here, together
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -375,8 +329,7 @@ def main(args: Args) -> None:
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
-                    if not distributed:  # (ranks meet after the rollout: DDP keeps them in step)
-                        run.stop_if_asked()
+                    run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
@@ -421,40 +374,24 @@ def main(args: Args) -> None:
                                         ("approx_kl", approx_kl), ("clipfrac", clipfrac)]:  # fmt: skip
                         stats[name].append(value.detach())
 
-                if args.target_kl is not None and ranks.mean_over_ranks(approx_kl) > args.target_kl:
+                if args.target_kl is not None and run.mean_over_ranks(approx_kl) > args.target_kl:
                     break  # on the mean over ranks: one rank stopping alone would hang the others
             update_time = time.perf_counter() - update_start
-            losses = ranks.mean_losses(stats)
-            # the weights are the same on every rank, so every rank stops here, together
-            ranks.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
 
             # LOGGING
-            rank_episodes, restarts = zip(*ranks.all_ranks((episodes, envs.restarts)), strict=True)
+            means = run.mean_over_ranks(torch.stack([torch.stack(value).mean() for value in stats.values()]))
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            for name, value in losses.items():
+            for name, value in zip(stats, means.tolist(), strict=True):  # means over minibatches and ranks
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
-            timings = {"env": env_time, "inference": inference, "update": update_time}
-            episodes = [episode for e in rank_episodes for episode in e]
-            progress.log(writer, global_step, episodes, timings, sum(restarts))  # episodes, SPS
+            run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-            run.snapshot(iteration, [rng.bit_generator.state] + [None] * (world_size - 1))
-            if iteration == num_iterations or run.periodic(iteration, args.checkpoint_interval):
-                every_rank = ranks.all_ranks((rng.bit_generator.state, envs.save_env_states()))
-                rngs, env_states = zip(*every_rank, strict=True)
-                run.save(env_states=list(env_states), rng=list(rngs))  # rank 0 writes every rank's
-
-        checksums = ranks.all_ranks(sum(p.detach().double().sum().item() for p in agent.parameters()))
-        if is_main and distributed:
-            print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}")
-        if is_main and args.save_model and args.eval_episodes:  # CleanRL's file, and its evaluation
-            evaluate(replace(args, capture_video=False), run.save_model(args.exp_name), device, writer)
-        elif is_main and args.save_model:
-            run.save_model(args.exp_name)
+        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+            run.evaluate(greedy)
 
 
 if __name__ == "__main__":
-    lifecycle.run(main, Args, __doc__)
+    RankedRun.cli(main, Args, __doc__)

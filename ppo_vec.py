@@ -18,13 +18,15 @@ Where it departs from CleanRL's ppo.py, and why:
 - Speed: a rollout step only samples actions (`sample`, outside Agent); log-probs and values come
   from one batched pass after the rollout; GAE runs in numpy; Adam is fused.
 - Returns are read from gymnasium 1.x's final_info; losses logged are means over the whole update.
-- Stops, checkpoints, resume and evaluation go through common/run/ (Ctrl-C saves and exits 130).
+- Stops, checkpoints, resume and evaluation go through one Run object (common/run/): Ctrl-C saves the
+  state of the last iteration boundary and exits 130; --resume goes on from it, weight for weight.
 """
 
 import os
+import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -32,9 +34,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from common.multiprocessing_env import SubprocVecEnv
 from common.normalize import ObsNormalizer, RewardScaler
-from common.run import checkpointing, flags, folder, lifecycle, ranks
+from common.run import Run
 from common.run.errors import FlagError
 
 
@@ -117,7 +118,7 @@ class Args:
     """torch CPU threads (a 64-unit MLP gains nothing from more; the env workers need the cores)"""
 
 
-def make_env(args: Args, idx: int, run_dir: Path):
+def make_env(args: Args, idx: int, run_dir: Path | None):
     """A thunk building env `idx`: float32 vectors, raw returns recorded, Box actions clipped."""
 
     def thunk():
@@ -125,6 +126,10 @@ def make_env(args: Args, idx: int, run_dir: Path):
         env = gym.make(args.env_id, render_mode="rgb_array") if video else gym.make(args.env_id)
         if video:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
+        space = env.observation_space
+        if not space.is_np_flattenable or space.dtype == np.uint8 and len(space.shape) >= 2:
+            raise ValueError(f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a vector "
+                             "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
         env = gym.wrappers.FlattenObservation(env)
         space = env.observation_space
         if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # (a Dict's one-hots)
@@ -208,117 +213,78 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
     return advantages
 
 
-def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
-    """Every mistake visible before anything starts, as a FlagError naming the flag; the spaces."""
-    flags.check(args, flags.batch_rules(args, "num_envs"))
-    probe = make_env(replace(args, capture_video=False), 0, Path())  # built in a process of its own
-    found = flags.probe_env(args.env_id, probe, args.step_timeout or 600.0)
-    (obs_space, act_space), raw = found["spaces"], found["raw_spaces"][0]
+def check_spaces(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """The flags that depend on the env's spaces, as FlagErrors naming the flag."""
     env = f"--env-id {args.env_id}"
-    if not isinstance(obs_space, gym.spaces.Box) or raw.dtype == np.uint8 and len(raw.shape) >= 2:
-        raise FlagError(f"{env} has observations {raw}; ppo_vec.py needs ones that flatten to a vector "
-                        "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
-    if "--norm-obs" in flags.given() and not isinstance(act_space, gym.spaces.Box):
+    if "--norm-obs" in sys.argv[1:] and not isinstance(action_space, gym.spaces.Box):
         raise FlagError(f"--norm-obs normalizes the observations of Box-action envs; {env} has "
-                        f"{act_space}: drop the flag (Discrete-action envs learn without)")  # fmt: skip
-    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(act_space.shape) > 1:
-        raise FlagError(f"{env} has action space {act_space}; ppo_vec.py needs Discrete or 1-D Box")
-    return obs_space, act_space
-
-
-def evaluate(args: Args, path: str, device, writer=None) -> list:
-    """Raw returns of a checkpoint's greedy policy on one env, printed (and logged if `writer`)."""
-    video, env_id = args.capture_video, args.env_id if args.eval_checkpoint else None
-    checkpoint, saved = checkpointing.load_for_eval(path, "ppo_vec.py", Args, env_id, capture_video=video)
-    env = make_env(saved, 0, Path(path).parent / "eval")()
-    agent = Agent(env.observation_space.shape[0], env.action_space).to(device)
-    normalize_obs = ObsNormalizer(env.observation_space.shape[0], saved.norm_obs)
-    checkpointing.load_state(agent, checkpoint["model"], "--eval-checkpoint", path)
-    checkpointing.load_state(normalize_obs, checkpoint["obs_normalizer"], "--eval-checkpoint", path)
-
-    def act(obs):  # normalized as in training, the statistics frozen
-        with torch.inference_mode():
-            x = torch.as_tensor(normalize_obs(obs[None], update=False), device=device)
-            out, _ = agent.get_policy(x)
-        return (out[0] if agent.continuous else out[0].argmax()).cpu().numpy()
-
-    return checkpointing.evaluate(env, act, args.eval_episodes, saved.seed + 10_000, writer)  # unseen seeds
+                        f"{action_space}: drop the flag (Discrete-action envs learn without)")  # fmt: skip
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+        raise FlagError(f"{env} has action space {action_space}; ppo_vec.py needs Discrete or 1-D Box")
 
 
 def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
-    args = checkpointing.trained_flags(args, "ppo_vec.py")  # --resume: the run's own flags
-    obs_space, action_space = check_args(args)
+    run = Run(args)  # with --resume or --eval-checkpoint, the flags the run was trained with
+    args = run.args
+    obs_space, action_space = run.probe(make_env)  # env 0, built in a process of its own
+    check_spaces(args, obs_space, action_space)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.num_threads)
-    if args.eval_checkpoint is not None:
-        return evaluate(args, args.eval_checkpoint, device)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, bool(action_space.shape)
-    args = replace(args, norm_obs=args.norm_obs and continuous)  # as args.json records it
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
     agent = Agent(obs_shape[0], action_space).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
-    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs)
-    modules = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards}
-    modules["obs_normalizer"] = normalize_obs
-    checkpoints = checkpointing.Checkpoints("ppo_vec.py", args, modules, batch_size)
-    checkpoint, start_iteration, run_dir, progress = lifecycle.begin(checkpoints, args, num_iterations)
-    if checkpoint:  # None for a new run
-        rng.bit_generator.state = checkpoint["rng"][0]
-    global_step = progress.first_step
+    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs and continuous)
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
 
-    env_fns = [make_env(args, i, run_dir) for i in range(args.num_envs)]
-    with (
-        SubprocVecEnv(env_fns, **flags.vec_env_options(args)) as envs,
-        lifecycle.ending("ppo_vec.py", run_dir, checkpoints, progress, envs.layout) as run,
-        folder.open_writer(run_dir, args, first_step=global_step) as writer,
-    ):
-        folder.announce(f"{args.env_id}, {envs.placement}, agent on {device}", run_dir, checkpoint)
-        # the envs as the checkpoint left them, or fresh episodes with seeds this run has not used
-        seed = args.seed + global_step // args.num_steps
-        next_obs, fresh = checkpointing.start_envs(envs, checkpoint, 0, seed)
-        next_obs = normalize_obs(next_obs, update=fresh)  # (a run continued exactly counted these)
-        run.snapshot(start_iteration - 1, [rng.bit_generator.state])  # what a stop saves
+    def greedy(obs):  # the policy evaluated: observations normalized as in training, the statistics frozen
+        with torch.inference_mode():
+            out, _ = agent.get_policy(to_torch(normalize_obs(obs, update=False)))
+        return (out if continuous else out.argmax(-1)).cpu().numpy()
+
+    if args.eval_checkpoint is not None:
+        return run.evaluate(greedy, model=agent, obs_normalizer=normalize_obs)
+
+    # What a checkpoint holds, kept at every iteration boundary: a stopped run, resumed, goes on weight for weight
+    state = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards, "obs_normalizer": normalize_obs}
+    with run.start(device, num_iterations, batch_size, **state, rng=rng) as writer:
+        envs, next_obs = run.make_envs([make_env(args, i, run.dir) for i in range(args.num_envs)])
         obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # storage
         action_type = np.float32 if continuous else np.int64
         actions = np.zeros((args.num_steps, args.num_envs) + action_shape, action_type)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
-        for iteration in range(start_iteration, num_iterations + 1):
+        for iteration in run.iterations():
+            global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
             for step in range(args.num_steps):
-                if run.stop_requested():
-                    break  # the iteration is dropped: a stop saves the last whole one
                 global_step += args.num_envs
-                obs[step] = next_obs
+                obs[step] = normalize_obs(next_obs)
                 with torch.inference_mode():
-                    actions[step] = sample(agent.get_policy(to_torch(next_obs)), rng)
+                    actions[step] = sample(agent.get_policy(to_torch(obs[step])), rng)
                 env_start = time.perf_counter()
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
                 rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
-                next_obs = normalize_obs(next_obs)  # (a cut episode's final_obs: when it is valued)
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep its last observation, for V(final_obs)
                 cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
                     episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
-
-            run.stop_if_asked()  # (under torchrun: if any rank was asked)
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -332,7 +298,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     final_obs = normalize_obs(np.stack(final_obs), update=False)
                     final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
-                next_value = agent.get_value(to_torch(next_obs)).flatten().cpu().numpy()
+                next_value = agent.get_value(to_torch(normalize_obs(next_obs, update=False))).flatten().cpu().numpy()
 
             # GAE
             advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
@@ -344,7 +310,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(batch_size)
                 for start in range(0, batch_size, minibatch_size):
-                    run.stop_if_asked()
+                    run.stop_if_asked()  # a stop ends the run here, and saves the last iteration boundary
                     mb_inds = to_torch(b_inds[start : start + minibatch_size])
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
@@ -389,32 +355,23 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                                         ("approx_kl", approx_kl), ("clipfrac", clipfrac)]:  # fmt: skip
                         stats[name].append(value.detach())
 
-                if args.target_kl is not None and ranks.mean_over_ranks(approx_kl) > args.target_kl:
-                    break  # on the mean over ranks: one rank stopping alone would hang the others
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
             update_time = time.perf_counter() - update_start
-            losses = ranks.mean_losses(stats)
-            ranks.check_finite(losses, agent, f"iteration {iteration} (global_step {global_step})")
 
             # LOGGING
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            for name, value in losses.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
+            for name, value in stats.items():  # the mean over the update's minibatches
+                writer.add_scalar(f"losses/{name}", torch.stack(value).mean().item(), global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
-            timings = {"env": env_time, "inference": inference, "update": update_time}
-            progress.log(writer, global_step, episodes, timings, envs.restarts)  # episodes, SPS
+            run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-            run.snapshot(iteration, [rng.bit_generator.state])
-            if iteration == num_iterations or run.periodic(iteration, args.checkpoint_interval):
-                run.save(env_states=[envs.save_env_states()])  # between iterations: the envs' too
-
-        if args.save_model and args.eval_episodes:  # CleanRL's file, saved and evaluated
-            evaluate(replace(args, capture_video=False), run.save_model(args.exp_name), device, writer)
-        elif args.save_model:
-            run.save_model(args.exp_name)
+        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+            run.evaluate(greedy)
 
 
 if __name__ == "__main__":
-    lifecycle.run(main, Args, __doc__)
+    Run.cli(main, Args, __doc__)

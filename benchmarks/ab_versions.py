@@ -24,12 +24,12 @@ sys.path.insert(0, sys.argv[1])
 import gymnasium as gym
 import numpy as np
 from common.multiprocessing_env import SubprocVecEnv
-from ppo_atari_multigpu import make_env
+from ppo_atari_multigpu import Args, make_env
 
 if __name__ == "__main__":
     env, n, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     fns = ([lambda: gym.make("CartPole-v1")] * n if env == "CartPole-v1"
-           else [make_env("BreakoutNoFrameskip-v4", i, False, None) for i in range(n)])
+           else [make_env(Args(), i, None) for i in range(n)])
     with SubprocVecEnv(fns) as envs:
         envs.reset(seed=0)
         rng, steps = np.random.default_rng(0), 0

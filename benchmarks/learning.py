@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.report import MACHINE, RESULTS, save, save_png, smoothed  # noqa: E402
 from common.run import records  # noqa: E402
-from common.run.records import read_scalars  # noqa: E402
 from common.sweep import report  # noqa: E402
+from common.sweep.report import read_scalars  # noqa: E402
 
 VEC, ATARI = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
 CARTPOLE = "--env-id CartPole-v1 --num-envs 8"  # the mission's command: every other flag at its default

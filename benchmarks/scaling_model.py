@@ -127,10 +127,10 @@ def timed_rate(step, seconds: float) -> float:
 def measure(p: Parameters, device: str, iterations: int) -> dict[str, float]:
     """This machine's figures for the MEASURED parameters, and the run the inference and update come from."""
     from common.multiprocessing_env import SubprocVecEnv
-    from common.run.records import read_scalars
-    from ppo_atari_multigpu import make_env
+    from common.sweep.report import read_scalars
+    from ppo_atari_multigpu import Args, make_env
 
-    env = make_env("BreakoutNoFrameskip-v4", 0, False, None)()
+    env = make_env(Args(), 0, None)()
     env.reset(seed=0)
     rng = np.random.default_rng(0)
 

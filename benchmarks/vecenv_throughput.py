@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import peers  # noqa: E402
 from benchmarks.report import CORES, MACHINE, RESULTS, pyplot, save, save_png, venv_python  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
+from ppo_atari_multigpu import Args as AtariArgs  # noqa: E402
 from ppo_atari_multigpu import make_env as make_atari_env  # noqa: E402
 
 PUFFER_VENV = REPO / "benchmarks" / ".venv-pufferlib"
@@ -57,7 +58,7 @@ def gym_runner(name, env):
 def env_fns(env_name: str, n: int) -> list:
     if env_name == "CartPole-v1":
         return [lambda: gym.make("CartPole-v1") for _ in range(n)]
-    return [make_atari_env("BreakoutNoFrameskip-v4", i, False, None) for i in range(n)]
+    return [make_atari_env(AtariArgs(), i, None) for i in range(n)]
 
 
 def builders(env_name: str, n: int) -> dict:

@@ -11,10 +11,10 @@ of envs over processes could give at best); ale-py's AtariVectorEnv set up alike
 the barrier of a step over all envs, ours as two halves each stepped as soon as it answers against ale-py's
 asynchronous mode (each recv() the first n/2 envs done): the same work on both sides. A third table models why a
 step waits, from each env's step times in one process (schedule()): a fixed split against a pool that hands each env
-to whichever thread is free. Ours is timed with forked workers (each timing its steps through SubprocVecEnv's
-step_trace); benchmarks/vecenv_throughput.py times the default start method.
+to whichever thread is free. Ours is timed with forked workers (each env wrapped in Traced, which times its steps);
+benchmarks/vecenv_throughput.py times the default start method.
 
-Each worker records when each step's command started and ended in its process (the same clock as the trainer's);
+Each worker records when its envs' steps started and ended in its process (the same clock as the trainer's);
 the trainer records its step() calls. Per step: period = time between step() calls; busy = a worker's own work;
 slowest = the largest busy of the step; wait for the slowest = slowest - mean busy (the cost of a fixed split of the
 envs when one worker draws a reset); the rest = period - slowest. Repetitions alternate between the settings, so
@@ -43,25 +43,46 @@ sys.path.insert(0, str(REPO))
 from benchmarks import peers  # noqa: E402
 from benchmarks.report import CORES, MACHINE, save  # noqa: E402
 from common.multiprocessing_env import SubprocVecEnv  # noqa: E402
-from ppo_atari_multigpu import make_env  # noqa: E402
+from ppo_atari_multigpu import Args, make_env  # noqa: E402
 
 TRACE_DIR = tempfile.mkdtemp(prefix="where_time_goes_")
 _log: list[tuple[float, float]] = []
 
 
-def trace(start: float, end: float) -> None:
-    """SubprocVecEnv's step_trace, in each worker: every 500 steps it writes its times so far to a file of its own."""
-    _log.append((start, end))
-    if len(_log) % 500 == 0:
-        np.save(os.path.join(TRACE_DIR, f"{os.getpid()}.npy"), np.array(_log))
+class Traced:
+    """An env's thunk whose env records each step's start and end (time.monotonic) in its worker; every 500 records the
+    worker writes them to a file of its own."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __call__(self):
+        import gymnasium as gym
+
+        class Timed(gym.Wrapper):
+            def step(self, action):
+                start = time.monotonic()
+                result = self.env.step(action)
+                _log.append((start, time.monotonic()))
+                if len(_log) % 500 == 0:
+                    np.save(os.path.join(TRACE_DIR, f"{os.getpid()}.npy"), np.array(_log))
+                return result
+
+            def reset(self, **kwargs):  # a same-step reset belongs to the step it follows
+                obs, info = self.env.reset(**kwargs)
+                if _log:
+                    _log[-1] = (_log[-1][0], time.monotonic())
+                return obs, info
+
+        return Timed(self.make())
 
 
 def measure(n: int, spin: float, steps: int) -> dict[str, float]:
     """One repetition: `steps` steps of n Breakouts in a worker per core (fork start), each worker tracing its steps."""
     for name in os.listdir(TRACE_DIR):
         os.remove(os.path.join(TRACE_DIR, name))
-    envs = SubprocVecEnv([make_env("BreakoutNoFrameskip-v4", i, False, None) for i in range(n)],
-                         num_workers=CORES, worker_spin=spin, context="fork", step_trace=trace)  # fmt: skip
+    envs = SubprocVecEnv([Traced(make_env(Args(), i, None)) for i in range(n)], num_workers=CORES, worker_spin=spin,
+                         context="fork")  # fmt: skip
     try:
         envs.reset(seed=0)
         actions = np.random.default_rng(0).integers(4, size=(64, n))
@@ -74,7 +95,9 @@ def measure(n: int, spin: float, steps: int) -> dict[str, float]:
     finally:
         envs.close()
     skip = 100  # the first steps: caches and branch predictors warming up
-    logs = np.stack([np.load(os.path.join(TRACE_DIR, f"{pid}.npy"))[skip : steps - steps % 500] for pid in pids])
+    logs = [np.load(os.path.join(TRACE_DIR, f"{pid}.npy")) for pid in pids]  # a worker's step spans its envs' steps
+    logs = [log[: len(log) // k * k].reshape(-1, k, 2) for log, k in zip(logs, map(len, worker_slices(n)), strict=True)]
+    logs = np.stack([np.stack([log[:, 0, 0], log[:, -1, 1]], axis=-1)[skip : steps - steps % 500] for log in logs])
     calls = np.array(calls)[skip : steps - steps % 500]
     busy = logs[:, :, 1] - logs[:, :, 0]
     slowest = busy.max(axis=0)
@@ -97,7 +120,7 @@ def worker_slices(n: int) -> list[np.ndarray]:
 
 def _alone(envs_of_process: list[int], steps: int, start: Any, queue: Any) -> None:
     """One process stepping its slice of the envs `steps` times (autoreset as a worker's), nothing else."""
-    envs = [make_env("BreakoutNoFrameskip-v4", i, False, None)() for i in envs_of_process]
+    envs = [make_env(Args(), i, None)() for i in envs_of_process]
     for i, env in zip(envs_of_process, envs, strict=True):
         env.reset(seed=i)
     actions = np.random.default_rng(0).integers(4, size=(64, max(envs_of_process) + 1))[:, envs_of_process]
@@ -139,7 +162,7 @@ def halves(n: int, steps: int) -> float:
     """Steps/s of n Breakouts as two SubprocVecEnvs of n/2 (one worker each), each stepped again as soon as it answers
     (a thread each: the wait releases the GIL): no step waits for the other half, each half keeps the same-step
     contract. What double buffering in a training loop could get from the envs."""
-    parts = [SubprocVecEnv([make_env("BreakoutNoFrameskip-v4", i, False, None) for i in part], num_workers=1)
+    parts = [SubprocVecEnv([make_env(Args(), i, None) for i in part], num_workers=1)
              for part in np.array_split(np.arange(n), 2)]  # fmt: skip
     try:
         for part, env in zip(np.array_split(np.arange(n), 2), parts, strict=True):
@@ -188,7 +211,7 @@ def schedule(n: int, steps: int, seed: int) -> dict[str, float]:
     to whichever thread is free (ale-py's), as periods over the ideal (all env work / CORES), with and without game
     resets (their steps timed as a median step), and the shares of the work in steps that reset a game or a life (a
     lost life costs ours NOOP, FIRE and UP steps that ale-py does not play)."""
-    envs = [make_env("BreakoutNoFrameskip-v4", i, False, None)() for i in range(n)]
+    envs = [make_env(Args(), i, None)() for i in range(n)]
     for i, env in enumerate(envs):
         env.reset(seed=seed * n + i)
     actions = np.random.default_rng(seed).integers(4, size=(steps, n))

@@ -1,42 +1,28 @@
 """SubprocVecEnv: a gymnasium ``VectorEnv`` whose envs step in Pipe-connected worker processes, or in the calling
-process when that is faster.
+process when that is safe and faster.
 
     envs = SubprocVecEnv([lambda: gym.make("CartPole-v1") for _ in range(8)])
     obs, infos = envs.reset(seed=1)                        # env i is seeded with 1 + i
     obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
     envs.close()
 
-Results equal ``gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)``:
-a finished env is reset within the same step, its last observation and info are returned in
-``infos["final_obs"]`` / ``infos["final_info"]`` (masks ``infos["_final_obs"]`` / ``infos["_final_info"]``).
+Results equal ``gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)``: a finished env is
+reset within the same step, its last observation and info in ``infos["final_obs"]`` / ``infos["final_info"]``.
 
-Layout: each worker process steps ``envs_per_worker`` envs per round trip. Observations, actions, rewards and flags
-live in one shared-memory block that workers write in place; the pipe carries a one-byte command and a one-byte
-reply, plus pickled infos only when an env reports any (or the observation space cannot live in shared memory). By
-default the layout is decided (common/vecenv/layout.py): gymnasium's own pure-Python envs step in the calling
-process where a process round trip would cost more than the workers save (8 CartPoles on 2 cores), with the same
-results, API and errors; every other env steps in workers, where it can neither hang nor kill the caller
-(``num_workers=0`` asks for the calling process; it cannot bound or restart a step, so ``step_timeout`` and
-``max_restarts`` need workers).
-
-Failures: any failure in a worker (an exception in env code, a crash, a kill) reaches the caller as ``WorkerError``
-naming the env, the command and the remote traceback. Every wait on a worker is bounded: by ``step_timeout`` when
-it is set, else by ``max_wait`` (600 s: long enough for a slow simulator to start), after which a
-``WorkerTimeout`` (both ``TimeoutError`` and ``multiprocessing.TimeoutError``) names the envs and the command. A
-worker's death is seen from its process, even while a helper process its env started keeps the pipe open. Workers
-lead their own process group: helper processes their envs fork or exec end with them (unless a helper moves to
-another process group or session). Workers exit within a second or so of the trainer's death (SIGKILL included),
-even while inside env code, as long as that code releases the GIL now and then (a sleeping or waiting simulator
-does; C code that holds the GIL for minutes delays it until it returns), and remove the folder multiprocessing's
-forkserver left in the temp dir.
-
-Its parts are private to it, in common/vecenv/ (its __init__ lists them).
+Each worker steps ``envs_per_worker`` envs per round trip; observations, actions, rewards and flags live in one
+shared-memory block the workers write in place, and the pipe carries a command byte and a reply byte (plus pickled
+infos when an env reports any). Any failure in a worker (an exception, a crash, a kill) reaches the caller as a
+``WorkerError`` naming the env, the command and the remote traceback; every wait on a worker is bounded (a
+``WorkerTimeout`` past it). Workers and the processes their envs start end soon after the trainer dies, SIGKILL
+included. The parts live in the vecenv/ package beside this file.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
+import multiprocessing as mp
 import pickle
 import warnings
 from collections.abc import Callable, Sequence
@@ -46,62 +32,66 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from common.vecenv import layout, process_control, shared_block
-from common.vecenv.arguments import check_arguments, check_layout, check_reset_mask
-from common.vecenv.batching import BatchedSpace, add_info
-from common.vecenv.env_hosts import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
-from common.vecenv.worker import Command, space_from_key
+from .vecenv import layout, process_control, shared_block
+from .vecenv.env_hosts import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
+from .vecenv.layout import ProbeFailed
+from .vecenv.worker import Command, space_from_key
 
-__all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout", "check_layout"]
+__all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout"]
 
 _log = logging.getLogger(__name__)
 DEFAULT_SPIN = 0.02  # seconds a worker polls for its next command, while commands come within it (worker_spin)
 
 
 class AsyncState(enum.Enum):
-    """What a SubprocVecEnv waits for: nothing, or the replies to a reset_async or a step_async."""
-
     DEFAULT = "default"
     WAITING_RESET = "reset"
     WAITING_STEP = "step"
 
 
+class BatchedSpace:
+    """A vector env's batched space, made when first asked for (an image space batches into GBs; a loop never asks)."""
+
+    def __init__(self, single: str):
+        self.single = single
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attribute = f"_{name}"
+
+    def __get__(self, env: Any, owner: type | None = None) -> Any:
+        if env is None:
+            return self
+        if getattr(env, self.attribute, None) is None:
+            setattr(env, self.attribute, batch_space(getattr(env, self.single), env.num_envs))
+        return getattr(env, self.attribute)
+
+    def __set__(self, env: Any, space: gym.Space) -> None:
+        setattr(env, self.attribute, space)
+
+
 class SubprocVecEnv(VectorEnv):
-    """Vector env stepping its envs in worker processes (or in this one); same results as
-    SyncVectorEnv(autoreset_mode=SAME_STEP).
+    """Vector env stepping its envs in worker processes (or in this one); SyncVectorEnv(autoreset_mode=SAME_STEP)'s
+    results.
 
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
-        num_workers: worker processes; 0 steps every env in this process. None: chosen (common/vecenv/layout.py):
-            this process only for gymnasium's own pure-Python envs, and only where workers would not save more
-            than their round trip costs; else one worker per CPU core (at most one per env). Where and why are in
-            `placement`, `layout` and `step_seconds`. Workers are used whenever `step_timeout` or `max_restarts` is
-            set.
+        num_workers: worker processes; 0: every env in this process; None: decided by a probe process (`layout` says
+            where and why): this process only for gymnasium's own pure-Python envs too cheap to gain from workers.
         envs_per_worker: envs stepped by each worker per round trip (instead of num_workers).
-        context: multiprocessing start method, "forkserver" (default where available), "spawn" or "fork".
-        shared_memory: keep observations in shared memory (no pickling). Spaces that cannot live there
-            (Text, Graph, ...) go over the pipe either way.
+        context: multiprocessing start method: "forkserver" (default where available), "spawn" or "fork".
+        shared_memory: keep observations in shared memory (spaces that cannot live there go over the pipe anyway).
         max_restarts: times a crashed, raising or stuck worker may be replaced (its envs' episodes end truncated).
-        step_timeout: seconds a step may take before its worker counts as stuck; when set, it bounds every other
-            wait on a worker too (building, reset, call, get_attr, set_attr, render, a restart's rebuild).
-        max_wait: seconds any wait on a worker may last when step_timeout is None (600: long enough for a slow
-            simulator to start, finite so that nothing hangs).
+        step_timeout: seconds a step may take before its worker counts as stuck; it then bounds every wait on a worker.
+            With it or max_restarts, the envs step in workers.
+        max_wait: the bound on every wait on a worker when step_timeout is None (long enough for a slow simulator).
         close_timeout: seconds `close()` waits for workers to exit before killing them.
-        interrupt: ends waits early: an object whose `fileno()` turns readable when the caller wants every wait on
-            the workers (building, the layout probe, reset, step, ...) to end, and whose `check()` then raises the
-            caller's exception (the scripts pass their stop request, common/run/stops.py). A wait it ends leaves the
-            call pending; close() still ends the workers.
-        step_trace: called in each worker after each step of its envs with the step's start and end
-            (time.monotonic()): for benchmarks that time the workers (it must pickle; none in this process).
-        worker_spin: the longest a worker keeps polling for its next command (yielding the CPU) before it
-            sleeps. While the trainer's commands come within it (a rollout), the worker never sleeps: no wake-up
-            per step, and its caches stay warm (Breakout: 11-15% less time per env step, where_time_goes.py);
-            after a command that came later (an update phase), it polls only 300 us (or this, if shorter) until
-            one comes within it again.
-            0 sleeps at once. None: 20 ms, or 0 when workers outnumber the usable cores (then a polling worker
-            takes CPU time from one with work to do).
+        worker_spin: the longest a worker polls for its next command before it sleeps: while commands come within it
+            (a rollout) it stays on its CPU, caches warm. None: 20 ms, or 0 when workers outnumber cores.
+        interrupt: its `fileno()` turns readable when every wait should end, and its `check()` then raises (the scripts
+            pass their stop request); the call stays pending, and close() still ends the workers.
+        probe: what vecenv.layout.probe found of env_fns[-1], if the caller probed it already.
     """
 
     observation_space = BatchedSpace("single_observation_space")
@@ -121,7 +111,7 @@ class SubprocVecEnv(VectorEnv):
         close_timeout: float = 5.0,
         worker_spin: float | None = None,
         interrupt: Any = None,
-        step_trace: Callable[[float, float], None] | None = None,
+        probe: dict[str, Any] | None = None,
     ):
         super().__init__()
         env_fns = list(env_fns)
@@ -137,19 +127,23 @@ class SubprocVecEnv(VectorEnv):
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
-        self._observation_space = self._action_space = None  # batched: made when first asked for (BatchedSpace)
-        self._space_keys: tuple = ()  # env 0's, which every env's must equal
+        self._observation_space = self._action_space = None  # batched when first asked for (BatchedSpace)
 
-        # Layout: asked for, workers when steps must be bounded or restarted, else decided (common/vecenv/layout.py)
-        context = context or process_control.default_context()
-        if num_workers != 0:
-            process_control.check_main_guard(context)
+        # Where the envs step: as asked, workers when steps must be bounded or restarted, else decided by a probe
         cores = process_control.cores()
         workers, figures = min(cores, n) if num_workers is None else min(num_workers, n), {}
         if envs_per_worker is not None:
             workers = -(-n // envs_per_worker)
         elif num_workers is None and step_timeout is None and not max_restarts:
-            workers, figures = layout.choose(env_fns, cores, self._bound, interrupt)
+            failure = None
+            if probe is None:
+                try:
+                    probe = layout.probe(env_fns[-1], self._bound, n - 1, interrupt=interrupt)
+                except ProbeFailed as exc:
+                    failure = exc
+            workers, figures = layout.decide(probe, n, cores)
+            if failure is not None:
+                figures["why"] = f"the probe env failed ({failure}); {figures['why']}"
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(slices) if workers else 0
@@ -160,11 +154,12 @@ class SubprocVecEnv(VectorEnv):
         self.placement = self.layout.split(" (")[0]  # "8 envs in this process", "8 envs in 2 worker processes"
 
         try:
+            context = context or process_control.default_context()
             if workers:
-                self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt,
-                                        step_trace)  # fmt: skip
+                process_control.check_main_guard(context)
+                self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt)
             else:
-                self._pool = InProcessPool(env_fns)
+                self._pool = InProcessPool(env_fns, interrupt)
             self._set_spaces(*self._pool.hello(self._bound), shared_memory)
         except BaseException:
             self.close(timeout=1.0)
@@ -177,7 +172,6 @@ class SubprocVecEnv(VectorEnv):
         return self.reset_wait()
 
     def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
-        """Sends the resets and returns at once (see reset)."""
         self._check_usable("reset_async")
         if seed is None:
             seed = [None] * self.num_envs
@@ -196,8 +190,7 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.RESET, (seed[sl], options, mask[sl]))
 
     def reset_wait(self, timeout: float | None = None):
-        """Waits for the resets sent by reset_async; after `timeout` seconds (default: the bound of every wait) a
-        WorkerTimeout names the envs that did not answer."""
+        """Waits for the resets sent by reset_async; past `timeout` (default: the bound) a WorkerTimeout."""
         self._check_waiting(AsyncState.WAITING_RESET)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures:
@@ -218,7 +211,6 @@ class SubprocVecEnv(VectorEnv):
         return self.step_wait()
 
     def step_async(self, actions) -> None:
-        """Sends one action per env to the workers and returns at once."""
         self._check_usable("step_async")
         act = self._views["actions"]
         if self._actions_in_shm:
@@ -240,13 +232,9 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.STEP, None if in_shm else list(actions[sl]))
 
     def step_wait(self, timeout: float | None = None):
-        """Waits for the step sent by `step_async`. After `timeout` seconds (default: `step_timeout`, else
-        `max_wait`) a WorkerTimeout names the slow envs, unless the restart budget allows replacing their workers.
-
-        A crashed, raising or stuck worker within the `max_restarts` budget is replaced and its envs reset:
-        their step reports truncated=True, reward 0, `final_obs` = the last observation returned, and
-        `infos["worker_restart"]` (and `final_info["worker_restart"]`) True.
-        """
+        """Waits for the step sent by `step_async`; past `timeout` (default: the bound) a WorkerTimeout names the slow
+        envs, unless the restart budget allows replacing their workers. A replaced worker's envs report truncated=True,
+        reward 0, `final_obs` = the last observation returned, and `infos["worker_restart"]` True."""
         self._check_waiting(AsyncState.WAITING_STEP)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
@@ -272,17 +260,12 @@ class SubprocVecEnv(VectorEnv):
         views = self._views
         return self._last_obs, views["rewards"].copy(), views["terminations"].copy(), views["truncations"].copy(), infos
 
-    # ---------------------------------------------------------------------------------- call, attributes, render
+    # ------------------------------------------------------------------------------------ call, attributes, states
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result per env."""
-        self._check_usable("call")
-        for w in range(len(self._pool.slices)):
-            self._pool.send(w, Command.CALL, (name, args, kwargs))
-        self._collect_or_raise()
-        return tuple(result for w in range(len(self._pool.slices)) for result in self._pool.replies.pop(w))
+        return tuple(self._command("call", Command.CALL, lambda sl: (name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """An attribute of every env, as SyncVectorEnv.get_attr (a callable attribute is called)."""
         return self.call(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
@@ -292,34 +275,23 @@ class SubprocVecEnv(VectorEnv):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(f"set_attr() got {len(values)} values for {self.num_envs} envs")
-        for w, sl in enumerate(self._pool.slices):
-            self._pool.send(w, Command.SET_ATTR, (name, list(values[sl])))
-        self._collect_or_raise()
-        self._pool.replies.clear()
+        self._command("set_attr", Command.SET_ATTR, lambda sl: (name, list(values[sl])))
 
     def save_env_states(self) -> bytes | None:
-        """Every env's whole state, and the last observations, as bytes for a checkpoint; None if some env cannot be
-        saved (common/vecenv/env_state.py says which can). Runs env code (pickling), bounded like any command."""
-        self._check_usable("save_env_states")
-        for w in range(len(self._pool.slices)):
-            self._pool.send(w, Command.SAVE_STATES)
-        self._collect_or_raise()
-        states = [state for w in range(len(self._pool.slices)) for state in self._pool.replies.pop(w)]
+        """Every env's whole state and the last observations, as bytes for a checkpoint; None if some env cannot be
+        saved (vecenv/env_state.py says which can). Not ended by the interrupt: a snapshot is whole or none."""
+        states = self._command("save_env_states", Command.SAVE_STATES, lambda sl: None, interruptible=False)
         if any(state is None for state in states):
             return None
         return pickle.dumps({"envs": states, "obs": self._last_obs, "env_obs": self._env_obs}, pickle.HIGHEST_PROTOCOL)
 
     def load_env_states(self, saved: bytes) -> Any:
-        """Puts back the envs `save_env_states` saved, in the state they were; returns their last observations (the
-        ones to act on next). Unpickles: load only what you saved."""
-        self._check_usable("load_env_states")
+        """Puts back the envs `save_env_states` saved; returns their last observations. Unpickles: load only what you
+        saved."""
         data = pickle.loads(saved)
         if len(data["envs"]) != self.num_envs:
             raise ValueError(f"load_env_states() got the states of {len(data['envs'])} envs for {self.num_envs}")
-        for w, sl in enumerate(self._pool.slices):
-            self._pool.send(w, Command.LOAD_STATES, data["envs"][sl])
-        self._collect_or_raise()
-        self._pool.replies.clear()
+        self._command("load_env_states", Command.LOAD_STATES, lambda sl: data["envs"][sl])
         self._last_obs, self._env_obs = data["obs"], data["env_obs"]
         return self._last_obs
 
@@ -341,10 +313,9 @@ class SubprocVecEnv(VectorEnv):
 
     # ----------------------------------------------------------------------------------------------- close
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
-        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0 with terminate),
-        then kills them and the processes their envs started. Replies under way (a pending step or reset, or a
-        call an interrupt ended) get up to that long to arrive, so that no worker is left writing one (a pending step
-        or reset with a warning, unless the vec env is closed by leaving a `with` block on an exception)."""
+        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0 with terminate), then
+        kills them and the processes their envs started. Replies under way get up to that long to arrive, so that no
+        worker is left writing one."""
         timeout = 0.0 if terminate else self.close_timeout if timeout is None else timeout
         if self._pool is None:
             return
@@ -363,6 +334,17 @@ class SubprocVecEnv(VectorEnv):
         self.close()
 
     # ---------------------------------------------------------------------------------------------- private
+    def _command(self, name: str, command: Command, arg_of: Callable, interruptible: bool = True) -> list:
+        """Sends `command` to every worker, with arg_of(its slice of the envs), and returns the results env by env."""
+        self._check_usable(name)
+        for w, sl in enumerate(self._pool.slices):
+            self._pool.send(w, command, arg_of(sl))
+        failures = self._pool.collect(self._bound, interruptible)
+        if failures:
+            self._raise(failures)
+        replies = [self._pool.replies.pop(w) for w in range(len(self._pool.slices))]
+        return [result for reply in replies if reply is not None for result in reply]
+
     def _set_spaces(self, keys: list, first: tuple | None, metadata: dict, render_mode: str | None,
                     shared_memory: bool) -> None:  # fmt: skip
         """Spaces and metadata from env 0, every env checked against them; then the shared block, in every worker."""
@@ -393,39 +375,26 @@ class SubprocVecEnv(VectorEnv):
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{name}() was called after close(); build a new one")
         if self._failed is not None:
-            raise WorkerError(
-                f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
-                f"The failure was: {self._failed}",
-                self._failed.env_indices,
-                name,
-                self._failed.exitcode,
-            )
+            raise WorkerError(f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. The "
+                              f"failure was: {self._failed}", self._failed.env_indices, name,
+                              self._failed.exitcode)  # fmt: skip
         if self._state is not AsyncState.DEFAULT:
             waiting = self._state.value
-            raise AlreadyPendingCallError(
-                f"Calling `{name}` while waiting for a pending call to `{waiting}` to complete; call "
-                f"{waiting}_wait() first",
-                waiting,
-            )
+            raise AlreadyPendingCallError(f"Calling `{name}` while waiting for a pending call to `{waiting}` to "
+                                          f"complete; call {waiting}_wait() first", waiting)  # fmt: skip
 
     def _check_waiting(self, state: AsyncState) -> None:
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew")
         if self._state is not state:
-            raise NoAsyncCallError(
-                f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`.", state.value
-            )
-
-    def _collect_or_raise(self) -> None:
-        failures = self._pool.collect(self._bound)
-        if failures:
-            self._raise(failures)
+            raise NoAsyncCallError(f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`.",
+                                   state.value)  # fmt: skip
 
     def _raise(self, failures: dict[int, Exception]) -> None:
-        """Raises the failure of the lowest env index, naming the others. A worker that failed leaves this vec env
-        unusable; one that was only slow can still be waited for, if nothing else failed."""
-        ordered = sorted(failures.values(), key=lambda e: e.env_indices)
-        worker_errors = [e for e in ordered if isinstance(e, WorkerError)]
+        """Raises the failure of the lowest env index. A worker that failed leaves this vec env unusable; one that was
+        only slow can still be waited for, if nothing else failed."""
+        errors = sorted(failures.values(), key=lambda e: e.env_indices)
+        worker_errors = [e for e in errors if isinstance(e, WorkerError)]
         error = first_failure(failures)
         if worker_errors:
             self._failed, self._state = worker_errors[0], AsyncState.DEFAULT
@@ -434,9 +403,8 @@ class SubprocVecEnv(VectorEnv):
         raise error
 
     def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
-        """Replaces the failed workers with fresh ones, together, and resets their envs; returns each one's reset reply.
-        Each restart says so in one line (logging). A rebuild that fails, or does not answer within the bound, uses
-        up another restart, until the budget is spent."""
+        """Replaces the failed workers, together, and resets their envs; returns each one's reset reply. A rebuild that
+        fails, or does not answer within the bound, uses up another restart, until the budget is spent."""
         replies: dict[int, tuple] = {}
         while failures:
             for w, error in sorted(failures.items()):
@@ -453,16 +421,12 @@ class SubprocVecEnv(VectorEnv):
         """A restarted worker's envs: truncated, reward 0, the last observation as final_obs, worker_restart."""
         obs_list, reset_infos = reply
         sl = self._pool.slices[w]
-        views = self._views
         for i in range(sl.start, sl.stop):
-            views["rewards"][i], views["terminations"][i], views["truncations"][i] = 0.0, False, True
+            self._views["rewards"][i], self._views["terminations"][i], self._views["truncations"][i] = 0.0, False, True
             infos = self._add_info(infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i)
             infos = self._add_info(infos, dict(reset_infos[i - sl.start][1], worker_restart=True), i)
         self._store_obs(w, obs_list)
         return infos
-
-    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
-        return add_info(vector_infos, env_info, env_num, self.num_envs)
 
     def _store_obs(self, w: int, obs_list: list | None) -> None:
         """Observations that came over the pipe (spaces shared memory cannot hold); None where none was sent."""
@@ -473,6 +437,49 @@ class SubprocVecEnv(VectorEnv):
     def _observations(self):
         if self._obs_in_shm:
             return shared_block.unflatten(self.single_observation_space, (view.copy() for view in self._obs_views))
-        # A fresh batch each time (for custom spaces, such as Text or Graph, a tuple of what the envs sent)
-        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
+        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)  # a fresh batch each time
         return concatenate(self.single_observation_space, self._env_obs, out)
+
+
+def check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds) -> None:
+    """ValueError for any argument of SubprocVecEnv that cannot work, naming it."""
+    if not env_fns or not all(callable(fn) for fn in env_fns):
+        raise ValueError("env_fns must be a non-empty sequence of zero-argument callables that build an env")
+    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
+        raise ValueError(f"num_workers must be an int >= 0 (0: in this process) or None, got {num_workers!r}")
+    if envs_per_worker is not None and (not isinstance(envs_per_worker, int) or envs_per_worker < 1):
+        raise ValueError(f"envs_per_worker must be a positive int (or None), got {envs_per_worker!r}")
+    if num_workers is not None and envs_per_worker is not None:
+        raise ValueError("give num_workers or envs_per_worker, not both")
+    if context is not None and context not in mp.get_all_start_methods():
+        raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    if worker_spin is not None and not 0 <= worker_spin < math.inf:
+        raise ValueError(f"worker_spin must be >= 0 seconds (or None), got {worker_spin}")
+    for name, value in seconds.items():
+        if value is not None and not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
+    check_layout(num_workers, seconds["step_timeout"], max_restarts)
+
+
+def check_layout(num_workers: int | None, step_timeout: float | None, max_restarts: int, spell=str) -> None:
+    """ValueError when num_workers=0 (every env in this process) comes with step_timeout or max_restarts, which need
+    workers. `spell` writes a parameter's name (a script passes its flag spelling)."""
+    if num_workers == 0 and (step_timeout is not None or max_restarts):
+        raise ValueError(f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither "
+                         f"bounded nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
+                         f"{spell('num_workers')} >= 1")  # fmt: skip
+
+
+def check_reset_mask(mask: Any, n: int) -> np.ndarray:
+    """options["reset_mask"], checked as gymnasium's vector envs check it."""
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (n,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError(f"`options['reset_mask']` must select at least one env, got reset_mask={mask}")
+    return mask

@@ -423,3 +423,21 @@ class OldApiEnv(gym.Env):
 
 
 gym.register("OldApi-v0", entry_point=OldApiEnv, max_episode_steps=10)
+
+
+class LivesEnv(gym.Env):
+    """Every step ends an episode, but only every third one says "episode" (a game over after two lost lives)."""
+
+    observation_space, action_space = gym.spaces.Discrete(1), gym.spaces.Discrete(1)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = getattr(self, "t", 0)
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        return 0, 1.0, True, False, {"episode": {"r": float(self.t)}} if self.t % 3 == 0 else {}
+
+
+gym.register("Lives-v0", entry_point=LivesEnv)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.run.records import read_scalars  # noqa: F401 - the tests read runs as the sweep's report does
+from common.sweep.report import read_scalars  # noqa: F401 - the tests read runs as the sweep's report does
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -252,10 +252,10 @@ def stop(proc: subprocess.Popen, sig: signal.Signals, within: float) -> str:
     return stderr
 
 
-def start_torchrun(tmp_path, extra=()):
+def start_torchrun(tmp_path, extra=(), total: int = 10_000_000):
     """A two-rank Atari job under torchrun, returned once it trains."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
-    cmd += [*ATARI_TINY, "--total-timesteps", "10000000", *extra]
+    cmd += [*ATARI_TINY, "--total-timesteps", str(total), *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
@@ -276,3 +276,77 @@ def rank_pid(launcher: int, rank: int) -> int:
         if f"RANK={rank}".encode() in environ and parent == launcher:
             return pid
     raise AssertionError(f"no process of rank {rank}")
+
+
+# The smallest script on the run plumbing: one CartPole in the trainer, a model that does not learn, ten iterations of
+# ten steps. --outcome says how it ends: at iteration 4 it fails, raises a bug, finishes, or waits in a loop that stops
+# at its safe points ("wait"), or in "env code" that never returns ("stuck").
+PROGRAM = r'''
+import dataclasses, time, gymnasium as gym, torch
+from common.run import Run
+from common.run.errors import FlagError, RunError
+
+@dataclasses.dataclass
+class Args:
+    exp_name: str = "prog"
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    total_timesteps: int = 100
+    num_envs: int = 1
+    num_steps: int = 10
+    num_minibatches: int = 1
+    num_workers: int | None = 0
+    max_restarts: int = 0
+    step_timeout: float | None = None
+    checkpoint_interval: int = 0
+    save_model: bool = False
+    capture_video: bool = False
+    track: bool = False
+    resume: str | None = None
+    eval_checkpoint: str | None = None
+    eval_episodes: int = 0
+    outcome: str = "done"
+
+def make_env(args, idx, run_dir):
+    return lambda: gym.make(args.env_id)
+
+def main(args):
+    if args.outcome == "flag":
+        raise FlagError("--thing must be > 0, got 0")
+    run = Run(args)
+    run.probe(make_env)
+    with run.start(torch.device("cpu"), 10, 10, model=torch.nn.Linear(1, 1)):
+        run.make_envs([make_env(args, 0, run.dir)])
+        for iteration in run.iterations():
+            if iteration == 4 and args.outcome != "done":
+                if args.outcome == "fail":
+                    raise RunError("the disk is full")
+                if args.outcome == "raise":
+                    raise ValueError("a bug keeps its traceback")
+                print("ready", flush=True)
+                while True:
+                    time.sleep(0.01)  # a step
+                    if args.outcome == "wait":
+                        run.stop_if_asked()
+            run.log(iteration * 10, [], {})
+
+if __name__ == "__main__":
+    Run.cli(main, Args, "A test program.\n\n    python prog.py --outcome wait\n\nMore text.")
+'''
+
+
+def start_program(tmp_path, *argv) -> subprocess.Popen:
+    """PROGRAM as tmp_path/prog.py, started; returns once it waits at iteration 4."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "prog.py", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stdout:
+        if line == "ready\n":
+            return proc
+    raise AssertionError(f"the program never got to iteration 4: {proc.communicate(timeout=60)}")
+
+
+def run_program(tmp_path, *argv) -> subprocess.CompletedProcess:
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    return run_command([sys.executable, "prog.py", *argv], tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})

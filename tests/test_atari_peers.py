@@ -28,7 +28,7 @@ def fixed_actions(n: int, steps: int) -> np.ndarray:
 
 
 def ours(n: int, noop_max: int = 30) -> gym.vector.SyncVectorEnv:
-    fns = [ppo_atari_multigpu.make_env("BreakoutNoFrameskip-v4", i, False, None, noop_max) for i in range(n)]
+    fns = [ppo_atari_multigpu.make_env(ppo_atari_multigpu.Args(), i, None, noop_max) for i in range(n)]
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from filelock import FileLock
 
-from common.run import checkpointing
+from common.run import records
 from tests.helpers import REPO, descendants, leftovers, run_script, run_script_many
 
 # Runs the scripts as users do (the README's test command, not the fast tier).
@@ -28,9 +28,9 @@ def write_files(folder):
     (folder / "notes.txt").write_text("not a checkpoint\n")
     for script in ("ppo_vec.py", "ppo_atari_multigpu.py"):
         state = {"script": script, "args": {}, "model": {"w": torch.zeros(1)}, "iteration": 1}
-        checkpointing.save_checkpoint(folder / f"{script[:-3]}.pt", state)
+        records.save_checkpoint(folder / f"{script[:-3]}.pt", state)
     state = {"script": "ppo_vec.py", "model": {"w": torch.zeros(1)}, "iteration": 1}
-    checkpointing.save_checkpoint(folder / "incomplete.pt", state)  # no "args"
+    records.save_checkpoint(folder / "incomplete.pt", state)  # no "args"
     whole = (folder / "ppo_atari_multigpu.pt").read_bytes()
     (folder / "truncated.pt").write_bytes(whole[: len(whole) // 2])  # a save cut short (the disk filled, a kill)
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
@@ -45,7 +45,8 @@ CASES = [
     (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
     (ATARI, ["--resume", "truncated.pt"], "--resume truncated.pt: not a readable checkpoint ("),
     (VEC, ["--resume", "missing.pt"], "--resume missing.pt: no such file"),
-    (VEC, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt holds no rng and no optimizer and no reward_scaler and no"),
+    (VEC, ["--resume", "ppo_vec.pt"],
+     "--resume ppo_vec.pt holds no optimizer and no reward_scaler and no obs_normalizer and no rng: not a whole"),
     (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no args: not a whole checkpoint"),
     (VEC, ["--eval-checkpoint", "ppo_vec.pt", "--env-id", "Acrobot-v1"], "a policy for CartPole-v1, not --env-id"),
     (ATARI, ["--capture-video", "True"], "--capture-video is a switch and takes no value (got 'True'): write"),

@@ -1,5 +1,5 @@
-"""common/run/checkpointing.py: atomic writes, reads that never run code, one-line refusals, snapshots whose label
-matches their contents, the envs' statistics."""
+"""Checkpoints: atomic writes, reads that never run code, one-line refusals, a run's state kept at its iteration
+boundaries and put back by a resume, evaluation."""
 
 from __future__ import annotations
 
@@ -15,29 +15,66 @@ import numpy as np
 import pytest
 import torch
 
-from common.run import checkpointing, errors
-from common.run.checkpointing import Checkpoints
-from common.run.errors import FlagError, RunError
+from common.run import Run, records
+from common.run.errors import Finished, FlagError, RunError
+from common.sweep.runs import parse_flags
 from tests.helpers import REPO
 
-RNG = np.random.default_rng(0).bit_generator.state  # a generator's state, as the scripts snapshot it
+RNG = np.random.default_rng(0).bit_generator.state  # a generator's state, as a run keeps it
 
 
 @dataclasses.dataclass
 class Flags:
     exp_name: str = "exp"
     env_id: str = "CartPole-v1"
+    seed: int = 1
+    learning_rate: float = 2.5e-4
+    gamma: float = 0.99
+    total_timesteps: int = 320
     num_envs: int = 4
+    num_steps: int = 8
+    num_minibatches: int = 1
+    checkpoint_interval: int = 0
+    num_workers: int | None = 0
+    max_restarts: int = 0
+    step_timeout: float | None = None
+    save_model: bool = False
+    capture_video: bool = False
+    track: bool = False
+    resume: str | None = None
+    eval_checkpoint: str | None = None
+    eval_episodes: int = 10
+
+
+def write_checkpoint(path, **changes) -> str:
+    """A checkpoint after 5 iterations of 32 steps of a run of this file (Flags, a Linear(2, 1), a generator)."""
+    state = {"script": "test_checkpointing.py", "args": dataclasses.asdict(Flags()), "world_size": 1, "iteration": 5,
+             "global_step": 160, "model": torch.nn.Linear(2, 1).state_dict(), "rng": [RNG], "env_states": [None],
+             "recent_returns": []} | changes  # fmt: skip
+    records.save_checkpoint(path, state)
+    return str(path)
+
+
+def run_of(monkeypatch, *argv: str) -> Run:
+    """The Run this file's main would make of its command line argv (in a folder of its own: monkeypatch.chdir)."""
+    monkeypatch.setattr(sys, "argv", ["test_checkpointing.py", *argv])
+    return Run(Flags(**parse_flags(list(argv), dataclasses.asdict(Flags()))))
+
+
+def start(run: Run, **state) -> None:
+    """run.start as a script's main calls it, for iterations of 32 steps; raises what it raises."""
+    with run.start(torch.device("cpu"), run.args.total_timesteps // 32, 32, **state):
+        pass
 
 
 def test_checkpoint_round_trip(tmp_path):
     path = tmp_path / "checkpoint.pt"
     rng = [np.random.default_rng(3).bit_generator.state]
-    state = {"script": "s.py", "args": {}, "model": {"w": torch.arange(4.0)}, "rng": rng}
-    checkpointing.save_checkpoint(path, state)
-    loaded = checkpointing.load_checkpoint(str(path), "--resume", "s.py")
+    state = {"script": "s.py", "args": {}, "model": {"w": torch.arange(4.0)}, "rng": rng, "env_states": [b"\0envs"]}
+    records.save_checkpoint(path, state)
+    loaded = records.load_checkpoint(str(path), "--resume", "s.py")
     torch.testing.assert_close(loaded["model"]["w"], torch.arange(4.0))
-    assert loaded["rng"] == state["rng"]
+    assert loaded["rng"] == state["rng"] and loaded["env_states"] == [b"\0envs"]
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
 
@@ -48,12 +85,12 @@ class Unpicklable:
 
 def test_a_failed_write_leaves_the_old_checkpoint_and_no_temp_file(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    checkpointing.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
+    records.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
     before = path.read_bytes()
     with pytest.raises(RunError, match=r"could not write .*checkpoint.pt \(cannot pickle this\); the previous file"):
-        checkpointing.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3), "bad": Unpicklable()})
+        records.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3), "bad": Unpicklable()})
     with pytest.raises(RunError, match="holds NaN/Inf values"):
-        checkpointing.save_checkpoint(path, {"script": "s.py", "value": torch.tensor([float("nan")])})
+        records.save_checkpoint(path, {"script": "s.py", "value": torch.tensor([float("nan")])})
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
@@ -62,13 +99,13 @@ def test_a_full_disk_leaves_the_old_checkpoint_and_no_temp_file(tmp_path):
     """A file size limit makes the write fail the way a full disk does (an OSError from write)."""
     code = textwrap.dedent(f"""
         import resource, signal, torch
-        from common.run import checkpointing, errors
+        from common.run import errors, records
         path = {str(tmp_path / "checkpoint.pt")!r}
-        checkpointing.save_checkpoint(path, {{"script": "s.py", "value": torch.ones(10)}})
+        records.save_checkpoint(path, {{"script": "s.py", "value": torch.ones(10)}})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
         try:
-            checkpointing.save_checkpoint(path, {{"script": "s.py", "value": torch.zeros(1_000_000)}})
+            records.save_checkpoint(path, {{"script": "s.py", "value": torch.zeros(1_000_000)}})
         except errors.RunError as exc:
             print(exc)
     """)
@@ -81,14 +118,14 @@ def test_a_full_disk_leaves_the_old_checkpoint_and_no_temp_file(tmp_path):
 
 def test_a_full_disk_is_said_so(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    checkpointing.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
+    records.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpointing.os, "write", full)
+    monkeypatch.setattr(records.os, "write", full)
     with pytest.raises(RunError) as info:
-        checkpointing.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3)})
+        records.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3)})
     expected = f"could not write {path} (no space left on device); the previous file, if any, is unchanged"
     assert str(info.value) == expected
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
@@ -96,7 +133,7 @@ def test_a_full_disk_is_said_so(tmp_path, monkeypatch):
 
 def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
     good = tmp_path / "good.pt"
-    checkpointing.save_checkpoint(good, {"script": "ppo_vec.py", "iteration": 1})
+    records.save_checkpoint(good, {"script": "ppo_vec.py", "iteration": 1})
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     text = tmp_path / "notes.txt"
@@ -112,90 +149,98 @@ def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
     }
     for path, message in cases.items():
         with pytest.raises(FlagError) as info:
-            checkpointing.load_checkpoint(path, "--eval-checkpoint", "ppo_atari_multigpu.py")
+            records.load_checkpoint(path, "--eval-checkpoint", "ppo_atari_multigpu.py")
         assert str(info.value).startswith(f"--eval-checkpoint {path}") and message in str(info.value), str(info.value)
         assert "\n" not in str(info.value)
 
 
-def test_resume_refuses_other_ranks_and_says_when_a_run_is_finished(tmp_path):
-    model = torch.nn.Linear(2, 1)
-    checkpoints = Checkpoints("s.py", Flags(), {"model": model}, steps_per_iteration=32, world_size=2)
-    checkpoints.snapshot(5, rng=[RNG, None])
-    path = checkpoints.save(tmp_path / "checkpoint.pt")
-    one_rank = Checkpoints("s.py", Flags(), {"model": model}, steps_per_iteration=16, world_size=1)
+def test_resume_refuses_other_ranks_other_sizes_and_says_when_a_run_is_finished(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_checkpoint(tmp_path / "checkpoint.pt", world_size=2, rng=[RNG, RNG], env_states=[None, None])
     with pytest.raises(FlagError, match=r"was written with 2 ranks; resume it with 2, not 1"):
-        one_rank.resume(str(path), num_iterations=10)
-    with pytest.raises(errors.Finished, match="finished its 5 iterations already"):
-        checkpoints.resume(str(path), num_iterations=5)
-    with torch.no_grad():
-        model.weight.zero_()
-    checkpoint = checkpoints.resume(str(path), num_iterations=10)
-    assert checkpoint["iteration"] == 5 and checkpoint["global_step"] == 160 and model.weight.abs().sum() > 0
-    other = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(3, 1)}, 32, 2)
+        start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), rng=np.random.default_rng())
+    path = write_checkpoint(tmp_path / "checkpoint.pt")
+    with pytest.raises(Finished, match=r"that run finished its 5 iterations already \(--total-timesteps 96 asks for 3"):
+        start(run_of(monkeypatch, "--resume", path, "--total-timesteps", "96"), model=torch.nn.Linear(2, 1))
     with pytest.raises(FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"):
-        other.resume(str(path), 10)
-    newer = Checkpoints("s.py", Flags(), {"model": model, "scaler": torch.nn.Linear(1, 1)}, 32, 2)
-    with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of s.py \(an older version"):
-        newer.resume(str(path), 10)
+        start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(3, 1))
+    with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"):
+        start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1))
+    assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("entry", ["iteration", "rng", "scaler"])
-def test_a_checkpoint_missing_an_entry_is_one_line(tmp_path, entry):
-    modules = {"model": torch.nn.Linear(2, 1), "scaler": torch.nn.Linear(1, 1)}
-    checkpoints = Checkpoints("s.py", Flags(), modules, 32)
-    checkpoints.snapshot(5, rng=[RNG])
-    path = tmp_path / "checkpoint.pt"
-    state = dict(checkpoints.last)
-    del state[entry]
-    checkpointing.save_checkpoint(path, state)
+@pytest.mark.parametrize(("field", "value"), [("rng", "garbage"), ("iteration", -5), ("global_step", 1.5),
+                                              ("rng", [None]), ("world_size", 0), ("env_states", [3])])  # fmt: skip
+def test_a_checkpoint_whose_fields_are_wrong_is_one_line(tmp_path, field, value):
+    path = write_checkpoint(tmp_path / "checkpoint.pt", **{field: value})
     with pytest.raises(FlagError) as info:
-        checkpoints.resume(str(path), 10)
-    assert str(info.value) == (f"--resume {path} holds no {entry}: not a whole checkpoint of s.py (an older version, "
-                               "or a file edited since)")  # fmt: skip
+        records.load_checkpoint(path, "--resume", "test_checkpointing.py")
+    assert str(info.value) == (f"--resume {path} holds a {field} no run of test_checkpointing.py writes: a file edited "
+                               "since, or damaged")  # fmt: skip
 
 
-def test_a_save_writes_the_last_snapshot_whatever_the_weights_are_doing(tmp_path):
-    """A stop in the middle of an update saves the state after the last whole iteration, labelled as such: the
-    weights being changed are not what is written."""
-    model = torch.nn.Linear(2, 1)
-    checkpoints = Checkpoints("s.py", Flags(), {"model": model}, 32)
-    checkpoints.snapshot(4, rng=[RNG])
-    weights_after_4 = model.weight.detach().clone()
-    with torch.no_grad():
-        model.weight.add_(1.0)  # iteration 5's update, under way
-    saved = torch.load(checkpoints.save(tmp_path / "checkpoint.pt"), weights_only=True)
-    assert saved["iteration"] == 4 and torch.equal(saved["model"]["weight"], weights_after_4)
-    checkpoints.snapshot(5, rng=[RNG])
-    saved = torch.load(checkpoints.save(tmp_path / "checkpoint.pt", env_states=[b"envs"]), weights_only=True)
-    assert saved["iteration"] == 5 and torch.equal(saved["model"]["weight"], weights_after_4 + 1)
-    assert checkpointing.env_states_of(saved) == b"envs"
+def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
+    args = dataclasses.asdict(Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2))
+    path = write_checkpoint(tmp_path / "checkpoint.pt", args=args)
+    assert run_of(monkeypatch, "--resume", path).args == Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2,
+                                                                 resume=path)  # fmt: skip
+    changed = run_of(monkeypatch, "--resume", path, "--total-timesteps", "5000", "--checkpoint-interval", "0",
+                     "--gamma", "0.95").args  # fmt: skip
+    assert (changed.total_timesteps, changed.checkpoint_interval, changed.gamma) == (5000, 0, 0.95)
+    with pytest.raises(FlagError) as info:
+        run_of(monkeypatch, "--resume", path, "--learning-rate", "0.002", "--seed", "4")
+    assert str(info.value) == (f"--resume {path} continues a run trained with --seed 1 (not 4), --learning-rate 0.001 "
+                               "(not 0.002): a run's results come from one set of flags; drop those flags, or start a "
+                               "new run")  # fmt: skip
+
+
+def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_doing(tmp_path, monkeypatch):
+    """A stop in the middle of an update saves the state after the last whole iteration, labelled as such, and the
+    summary names the checkpoint on disk when a save fails."""
+    monkeypatch.chdir(tmp_path)
+    model, rng = torch.nn.Linear(2, 1), np.random.default_rng(0)
+    run = run_of(monkeypatch)
+    with run.start(torch.device("cpu"), 10, 32, model=model, rng=rng):
+        for iteration in run.iterations():  # before iteration 3: the state after 2 is kept
+            if iteration == 3:
+                break
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            rng.random()
+        after_2, state_2 = model.weight.detach().clone(), rng.bit_generator.state
+        with torch.no_grad():
+            model.weight.add_(1.0)  # iteration 3's update, under way
+        rng.random()
+        run.save()
+        saved = torch.load(run.dir / "checkpoint.pt", weights_only=True)
+        assert saved["iteration"] == 2 and saved["global_step"] == 64 and saved["rng"] == [state_2]
+        assert torch.equal(saved["model"]["weight"], after_2)
+        run.last = dict(run.last, iteration=3)
+
+        def full(*args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        replace = os.replace
+        monkeypatch.setattr(os, "replace", full)
+        with pytest.raises(RunError, match="no space left on device"):
+            run.save()
+        monkeypatch.setattr(os, "replace", replace)
+        assert run._summarize("stopped by SIGTERM")["checkpoint_iteration"] == 2
 
 
 def test_evaluating_another_env_than_the_checkpoints_is_refused(tmp_path, monkeypatch):
-    checkpoints = Checkpoints("s.py", Flags(), {"model": torch.nn.Linear(2, 1)}, 32)
-    checkpoints.snapshot(1, rng=[RNG])
-    path = str(checkpoints.save(tmp_path / "checkpoint.pt"))
-    monkeypatch.setattr(sys, "argv", ["s.py", "--eval-checkpoint", path, "--env-id", "Acrobot-v1"])
+    path = write_checkpoint(tmp_path / "checkpoint.pt")
     with pytest.raises(FlagError, match=r"holds a policy for CartPole-v1, not --env-id Acrobot-v1: drop --env-id"):
-        checkpointing.load_for_eval(path, "s.py", Flags, "Acrobot-v1")
-    monkeypatch.setattr(sys, "argv", ["s.py", "--eval-checkpoint", path])  # the default env id: the saved one is used
-    assert checkpointing.load_for_eval(path, "s.py", Flags, "Acrobot-v1")[1].env_id == "CartPole-v1"
+        run_of(monkeypatch, "--eval-checkpoint", path, "--env-id", "Acrobot-v1")
+    assert run_of(monkeypatch, "--eval-checkpoint", path).args.env_id == "CartPole-v1"  # the run's own env
 
 
-def test_evaluate_counts_whole_episodes_only():
+def test_evaluate_counts_whole_episodes_only(tmp_path, monkeypatch):
     """An episode ending without 'episode' info (a life lost, in Atari) does not count: the game goes on."""
-
-    class LivesEnv(gym.Env):
-        observation_space, action_space = gym.spaces.Discrete(1), gym.spaces.Discrete(1)
-
-        def reset(self, *, seed=None, options=None):
-            super().reset(seed=seed)
-            self.t = getattr(self, "t", 0)
-            return 0, {}
-
-        def step(self, action):
-            self.t += 1
-            info = {"episode": {"r": float(self.t)}} if self.t % 3 == 0 else {}
-            return 0, 1.0, True, False, info
-
-    assert checkpointing.evaluate(LivesEnv(), lambda obs: 0, episodes=2, seed=0) == [3.0, 6.0]
+    args = dataclasses.asdict(Flags(env_id="tests.envs:Lives-v0"))
+    path = write_checkpoint(tmp_path / "checkpoint.pt", args=args)
+    run = run_of(monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2")
+    run.probe(lambda args, idx, run_dir: lambda: gym.make(args.env_id))
+    model = torch.nn.Linear(2, 1)
+    assert run.evaluate(lambda obs: np.zeros(1, np.int64), model=model) == [3.0, 6.0]
+    assert torch.equal(model.weight, torch.load(path, weights_only=True)["model"]["weight"])  # loaded from it

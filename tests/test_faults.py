@@ -26,7 +26,6 @@ from tests.helpers import (
     only_run_dir,
     rank_pid,
     read_scalars,
-    run_command,
     run_script,
     start_torchrun,
     start_training,
@@ -148,38 +147,10 @@ def test_nan_stops_with_the_iteration_named_and_saves_nothing(tmp_path):
     args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--save-model"]
     out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, "nan:70"))
     assert out.returncode == 1
-    assert out.stderr.startswith("ppo_vec.py: error: iteration 3 (global_step 384): the loss or the weights became "
+    assert out.stderr.startswith("ppo_vec.py: error: iteration 3 (global_step 384): the weights of model became "
                                  "NaN/Inf; look for NaN/Inf in observations or rewards")  # fmt: skip
     assert not [p for p in only_run_dir(tmp_path).iterdir() if p.suffix in (".pt", ".cleanrl_model")]
     assert_workers_gone(tmp_path)
-
-
-def test_ctrl_c_to_a_two_rank_job_saves_leaves_nothing_and_resumes(tmp_path):
-    """Ctrl-C in a terminal: SIGINT to the launcher and both ranks at once, and the launcher forwards its own SIGINT
-    to each rank a moment later. Each rank stops once (rank 0 saves), the job ends, and it resumes."""
-    proc = start_torchrun(tmp_path)
-    family = descendants(proc.pid)
-    start = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group: launcher, ranks, their helpers
-    _, stderr = proc.communicate(timeout=60)
-    assert time.monotonic() - start < 60, "the job took too long to stop"  # the stop path, not its 120 s bound
-    assert proc.returncode != 0
-    assert "ppo_atari_multigpu.py: stopped by SIGINT: " in stderr, stderr[-3000:]
-    deadline = time.monotonic() + 5
-    while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in family if alive(pid)]
-    run_dir = only_run_dir(tmp_path)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert checkpoint["world_size"] == 2 and checkpoint["rng"][1] is None  # a stop reaches rank 0's state alone
-    total = checkpoint["global_step"] + 64  # two more global iterations
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
-    cmd += [*ATARI_TINY, "--total-timesteps", str(total), "--resume", str(run_dir / "checkpoint.pt")]
-    out = run_command(cmd, tmp_path, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"global_step={total}/{total}" in out.stdout
-    ranks = re.search(r"final parameter checksum per rank .*: \[(.*), (.*)\]", out.stdout).groups()
-    assert ranks[0] == ranks[1]
 
 
 @pytest.mark.long  # the job also ends when a rank fails through its worker: test_a_failing_rank_says_why_with_its_rank

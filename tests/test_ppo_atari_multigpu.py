@@ -58,12 +58,14 @@ def block(source: str, first: str, last: str) -> str:
 # Where both scripts do the same thing, they do it the same way with the same names (each script reads alone, so
 # it is written twice; this keeps the two copies from drifting apart).
 SHARED_BLOCKS = [
-    ("obs[step] = next_obs", "env_time += "),  # rollout step (ppo_vec.py scales the rewards next)
+    ("for iteration in run.iterations():", "# ROLLOUT"),  # an iteration's start
+    ("actions[step] = sample(", "env_time += "),  # a rollout step (ppo_vec.py scales the rewards next)
     ("ends[step] = ", "episodes += "),  # truncation cuts, episode records
-    ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),  # the batched pass,
-    ("rewards[cut_steps, cut_envs] +=", "# UPDATE"),  # the truncation bootstrap (ppo_vec.py normalizes V's input), GAE
+    ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),  # the batched pass (ppo_vec.py normalizes V's input)
+    ("# GAE", "# UPDATE"),
     ("logratio = newlogprob", "stats[name].append"),  # the losses and what is logged of them
-    ("var_y = np.var(returns)", "timings = {"),  # logging
+    ("var_y = np.var(returns)", 'writer.add_scalar("charts/learning_rate"'),  # logging (the losses: means over ranks)
+    ('writer.add_scalar("losses/explained_variance"', "run.log("),
 ]
 
 
@@ -73,7 +75,7 @@ def test_what_both_scripts_do_is_written_the_same_way():
     vec, atari = inspect.getsource(ppo_vec.main), inspect.getsource(ppo_atari_multigpu.main)
     for first, last in SHARED_BLOCKS:
         assert block(vec, first, last) == block(atari, first, last), first
-        assert block(vec, first, last).count("\n") >= 5
+        assert block(vec, first, last).count("\n") >= 2
 
 
 @pytest.mark.e2e
@@ -100,7 +102,7 @@ def test_two_ranks_with_gloo_stay_identical_and_stop_early_together(tmp_path):
     args = [*ATARI_TINY, "--update-epochs", "12", "--target-kl", "0.0005", "--learning-rate", "0.003"]
     out = torchrun([*args, "--total-timesteps", "160"], tmp_path, timeout=120)  # 160 global steps: 5 iterations
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "on cpu, x 2 ranks, env seeds [[1, 2], [3, 4]]" in out.stdout
+    assert ", cpu, x 2 ranks, env seeds [[1, 2], [3, 4]]" in out.stdout
     initial, (rank0, rank1) = checksums(out.stdout)
     assert rank0 == rank1 and rank0 != initial
     assert out.stdout.count("final parameter checksum") == 1  # rank 0 alone prints
@@ -146,7 +148,7 @@ def test_two_nodes_on_localhost(tmp_path):
 
 def test_raw_full_game_score_is_reported_across_lives():
     """Episodic life ends training episodes per life and clips rewards, but the logged return is the raw game score."""
-    env = ppo_atari_multigpu.make_env("BreakoutNoFrameskip-v4", 1, False, "")()
+    env = ppo_atari_multigpu.make_env(ppo_atari_multigpu.Args(), 1, None)()
     assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
     rng = np.random.default_rng(0)
     env.reset(seed=0)
@@ -184,7 +186,7 @@ def test_the_pipeline_gives_gymnasiums_observations_step_by_step():
         env = gym.wrappers.ClipReward(FireResetEnv(EpisodicLifeEnv(env)), -1.0, 1.0)
         return gym.wrappers.FrameStackObservation(env, 4)
 
-    ours, theirs = ppo_atari_multigpu.make_env("BreakoutNoFrameskip-v4", 1, False, None)(), reference()
+    ours, theirs = ppo_atari_multigpu.make_env(ppo_atari_multigpu.Args(), 1, None)(), reference()
     for seed in (0, 1):
         assert_same(ours.reset(seed=seed), theirs.reset(seed=seed))
         rng, ends = np.random.default_rng(seed), 0

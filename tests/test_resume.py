@@ -1,51 +1,99 @@
-"""Both scripts resume from their checkpoints exactly: a run checkpointed halfway and resumed ends where a run that
-never stopped ends, and logs on into its own run folder."""
+"""A run stopped at any moment and resumed is the run of its seed: it ends with the weights, optimizer, generators and
+statistics of the run never stopped, and logs on into its own folder. Envs in the trainer, in workers, Atari, one rank
+and two under torchrun."""
 
 from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
 
 import pytest
 import torch
 
-from tests.helpers import ATARI, ATARI_TINY, VEC, VEC_TINY, only_run_dir, read_scalars, run_script
+from tests.helpers import (
+    ATARI,
+    ATARI_TINY,
+    VEC,
+    VEC_TINY,
+    only_run_dir,
+    read_scalars,
+    run_command,
+    run_script,
+    start_torchrun,
+    start_training,
+    stop,
+)
 
 pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
 
+CASES = [
+    (VEC, [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"], 128),  # envs in the trainer
+    (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--num-workers", "2"], 128),  # in workers, each env's statistics
+    pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' states (two ranks: below)
+]
 
-@pytest.mark.parametrize(
-    ("script", "args", "steps_per_iteration"),
-    [
-        (VEC, [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"], 128),  # the layout plays no part
-        (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--num-workers", "0"], 128),  # with each env's statistics
-        # Atari's exact resume (44 s): under -m long; the README's command resumes Atari in the two-rank SIGINT test
-        pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),
-    ],
-    ids=["ppo_vec-discrete", "ppo_vec-box", "atari"],
-)
-def test_resume_matches_an_uninterrupted_run(tmp_path, script, args, steps_per_iteration):
-    """Checkpoint after 2 of 4 iterations, resume to 4: the same weights, optimizer state, RNG and statistics."""
-    args = [*args, "--checkpoint-interval", "2", "--save-model", "--eval-episodes", "0", "--no-anneal-lr"]
-    full, first = tmp_path / "full", tmp_path / "first"
-    for cwd in (full, first):
-        cwd.mkdir()
-    out = run_script(script, [*args, "--total-timesteps", 4 * steps_per_iteration], full)  # checkpoints at 2 and 4
-    assert out.returncode == 0, out.stderr
-    out = run_script(script, [*args, "--total-timesteps", 2 * steps_per_iteration], first)  # ends after iteration 2
-    assert out.returncode == 0, out.stderr
-    run_dir = only_run_dir(first)
-    resume = [*args, "--total-timesteps", 4 * steps_per_iteration, "--resume", run_dir / "checkpoint.pt"]
-    out = run_script(script, resume, first)
-    assert out.returncode == 0, out.stderr
-    assert only_run_dir(first) == run_dir and f"global_step={4 * steps_per_iteration}/" in out.stdout
+
+def assert_same_run(resumed_dir, expected_dir, script) -> None:
+    """The final model files of two runs hold the same state, to the bit; the resumed run's curve has each iteration
+    once."""
     model = f"{script.stem}.cleanrl_model"
-    expected = torch.load(only_run_dir(full) / model, weights_only=True)
-    resumed = torch.load(run_dir / model, weights_only=True)
-    assert resumed["iteration"] == expected["iteration"] == 4 and resumed["rng"] == expected["rng"]
+    expected = torch.load(expected_dir / model, weights_only=True)
+    resumed = torch.load(resumed_dir / model, weights_only=True)
+    assert resumed["iteration"] == expected["iteration"] and resumed["rng"] == expected["rng"]
     for key in ("model", "optimizer", "reward_scaler", "obs_normalizer") if script == VEC else ("model", "optimizer"):
         torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0)
-    if "Pendulum-v1" in args:  # all 4 iterations and one reset counted: the resumed envs are the saved ones
-        assert resumed["obs_normalizer"]["count"].item() == pytest.approx(4 * (4 * 32 + 1), abs=0.01)
-    steps = [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]]
-    assert steps == [steps_per_iteration * i for i in range(1, 5)]  # one curve, continued by the resumed run
-    out = run_script(script, resume, first)  # once more: nothing left to do
-    assert out.returncode == 0 and "that run finished its 4 iterations already; nothing to do" in out.stdout
-    assert only_run_dir(first) == run_dir and out.stderr == ""
+    steps = [step for step, _ in read_scalars(resumed_dir)["losses/policy_loss"]]
+    assert steps == [step for step, _ in read_scalars(expected_dir)["losses/policy_loss"]]  # none twice, none missing
+
+
+@pytest.mark.parametrize(("script", "args", "steps_per_iteration"), CASES, ids=["trainer", "workers", "atari"])
+def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path, script, args, steps_per_iteration):
+    args = [*args, "--total-timesteps", 60 * steps_per_iteration, "--save-model", "--eval-episodes", "0"]
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    for cwd in (full, stopped):
+        cwd.mkdir()
+    out = run_script(script, args, full)
+    assert out.returncode == 0, out.stderr
+    proc = start_training(script, args, stopped)
+    time.sleep(random.uniform(0.0, 0.5))  # a rollout, an update, a periodic save: any moment
+    stderr = stop(proc, signal.SIGINT, within=30)
+    assert proc.returncode == 130, stderr
+    run_dir = only_run_dir(stopped)
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert 0 < saved["iteration"] < 60 and None not in saved["env_states"]  # the envs' states at that boundary
+    out = run_script(script, [*args, "--resume", run_dir / "checkpoint.pt"], stopped)
+    assert out.returncode == 0, out.stderr
+    assert f"resuming from iteration {saved['iteration']} (step {saved['global_step']}), the envs as they were" in (
+        out.stdout.splitlines()[0])  # fmt: skip
+    assert_same_run(run_dir, only_run_dir(full), script)
+    out = run_script(script, [*args, "--resume", run_dir / "checkpoint.pt"], stopped)  # once more: nothing to do
+    assert out.returncode == 0 and "that run finished its 60 iterations already; nothing to do" in out.stdout
+    assert only_run_dir(stopped) == run_dir and out.stderr == ""
+
+
+def test_ctrl_c_to_a_two_rank_job_saves_and_resumes_into_the_run_of_its_seed(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the launcher and both ranks at once (the launcher forwards its own a moment
+    later). Each rank stops once, rank 0 saves every rank's state, and the job resumed ends as the job never stopped."""
+    extra = ["--save-model", "--eval-episodes", "0"]
+    args = [*ATARI_TINY, "--total-timesteps", "1280", *extra]  # 40 x 32 global steps
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    for cwd in (full, stopped):
+        cwd.mkdir()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
+    out = run_command([*torchrun, *args], full, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    proc = start_torchrun(stopped, extra, total=1280)
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group: launcher, ranks, their helpers
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 60, "the job took too long to stop"  # the stop path, not its 120 s bound
+    assert "ppo_atari_multigpu.py: stopped by SIGINT: " in stderr, stderr[-3000:]
+    run_dir = only_run_dir(stopped)
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert saved["world_size"] == 2 and None not in saved["rng"] and None not in saved["env_states"]  # both ranks'
+    out = run_command([*torchrun, *args, "--resume", str(run_dir / "checkpoint.pt")], stopped, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert_same_run(run_dir, only_run_dir(full), ATARI)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import select
+import re
 import signal
 import subprocess
 import sys
@@ -16,10 +16,10 @@ import gymnasium as gym
 import pytest
 import torch
 
-from common.run import errors, flags, folder, lifecycle, ranks
+from common.run import errors, flags, records, run
 from common.run.errors import FlagError
 from tests.envs import HangsWhenBuilt, failing_factory
-from tests.helpers import REPO, run_command
+from tests.helpers import REPO, run_command, run_program, start_program
 
 
 @dataclasses.dataclass
@@ -115,7 +115,7 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)
     args = Flags(env_id="ALE/Breakout-v5")
-    first, second, third = (folder.make_run_dir(args) for _ in range(3))
+    first, second, third = (records.make_run_dir(args) for _ in range(3))
     assert first.name == "ALE-Breakout-v5__exp__1__1700000000"
     assert [second.name, third.name] == [f"{first.name}-2", f"{first.name}-3"]
     assert all(path.is_dir() and path.parent.name == "runs" for path in (first, second, third))
@@ -123,13 +123,13 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
 
 def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run_dir = folder.make_run_dir(Flags())
+    run_dir = records.make_run_dir(Flags())
     assert json.loads((run_dir / "args.json").read_text())["num_envs"] == 4
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     (tmp_path / "elsewhere" / "runs").write_text("a file where the runs go")
     with pytest.raises(errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"):
-        folder.make_run_dir(Flags())
+        records.make_run_dir(Flags())
     (tmp_path / "elsewhere" / "runs").unlink()
     read_only = tmp_path / "elsewhere"
     os.chmod(read_only, 0o500)  # root writes there anyway: an immutable folder stops root too
@@ -139,7 +139,7 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
         if os.access(read_only, os.W_OK) and not immutable:
             pytest.skip("this user writes anywhere and chattr is not at hand: no read-only folder to try")
         with pytest.raises(errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"):
-            folder.make_run_dir(Flags())
+            records.make_run_dir(Flags())
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(read_only)], check=True)
@@ -149,23 +149,25 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
 def test_progress_line_shows_elapsed_and_eta_as_hms(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = folder.Progress(1_000_000, first_step=10_000, resumed={"recent_returns": [1.0, 2.0]})
+    progress = run.Progress(1_000_000, first_step=10_000, recent=[1.0, 2.0])
     now[0] += 3725.0  # 1 h 2 min 5 s later, 372,500 steps done: 100 steps/s, 6175 s left
     line = progress.line(382_500, {"env": 0.5, "update": 0.25})
     assert line == (
         "global_step=382500/1000000 SPS=100 episodic_return=1.5 (last 2) elapsed=1:02:05 ETA=1:42:55 "
         "[env 0.50s, update 0.25s]"
     )
-    assert folder.hms(0) == "0:00:00" and folder.hms(86399) == "23:59:59"
+    assert run.hms(0) == "0:00:00" and run.hms(86399) == "23:59:59"
 
 
 def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
     """Each rank holds a different local value; all must get their mean (what decides the early stop on every rank)."""
     (tmp_path / "ranks.py").write_text(
         "import os, torch, torch.distributed as dist\n"
-        "from common.run import ranks\n"
+        "from common.run.ranks import RankedRun\n"
         "dist.init_process_group('gloo')\n"
-        "mean = ranks.mean_over_ranks(torch.tensor([1.0 + 2.0 * dist.get_rank()])).item()\n"
+        "ranked = RankedRun.__new__(RankedRun)\n"
+        "ranked.distributed, ranked.world_size = True, dist.get_world_size()\n"
+        "mean = ranked.mean_over_ranks(torch.tensor([1.0 + 2.0 * dist.get_rank()])).item()\n"
         "os.write(1, f'{mean}\\n'.encode())  # one write: the ranks' lines do not interleave\n"
         "dist.destroy_process_group()\n"
     )
@@ -173,83 +175,38 @@ def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
     out = run_command(cmd, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2.0", "2.0"]
-    assert ranks.mean_over_ranks(torch.tensor([5.0])).item() == 5.0  # one process, no group: itself
 
 
 # ---------------------------------------------------------------------------------------------------- stop path
-SCRIPT = r"""
-import dataclasses, pathlib, time, torch
-from common.run import checkpointing, errors, flags, folder, lifecycle, ranks
-from common.run.errors import FlagError, RunError
-
-@dataclasses.dataclass
-class Args:
-    outcome: str = "wait"
-
-def main(args):
-    if args.outcome == "flag":
-        raise FlagError("--thing must be > 0, got 0")
-    if args.outcome == "fail":
-        raise RunError("the disk is full")
-    if args.outcome == "finished":
-        raise errors.Finished("that run finished already")
-    run_dir = pathlib.Path("run")
-    run_dir.mkdir()
-    checkpoints = checkpointing.Checkpoints("prog.py", args, {"model": torch.nn.Linear(1, 1)}, 10)
-    progress = folder.Progress(100, 30)
-    with lifecycle.ending("prog.py", run_dir, checkpoints, progress) as run:
-        run.snapshot(3, [None])
-        if args.outcome == "raise":
-            raise ValueError("a bug keeps its traceback")
-        if args.outcome == "done":
-            return
-        print("ready", flush=True)
-        while True:
-            time.sleep(0.01)  # a step of the loop
-            run.stop_if_asked()
-
-if __name__ == "__main__":
-    lifecycle.run(main, Args, "A test program.\n\n    python prog.py --outcome wait\n\nMore text.")
-"""
-CLOSING = "prog.py: {}: 30 of 100 steps in 0:00:00 (0 SPS), last-20 return n/a; results in run (tensorboard --logdir .)"
-
-
-def run_prog(tmp_path, *argv):
-    (tmp_path / "prog.py").write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "prog.py", *argv]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+CLOSING = (r"prog.py: {}: {} of 100 steps in 0:00:\d\d \(\d+ SPS\), last-20 return n/a; "
+           r"results in (runs/CartPole-v1__prog__1__\d+) ")
 
 
 @pytest.mark.parametrize(
     ("outcome", "status", "stderr"),
-    [
-        ("flag", 2, "prog.py: error: --thing must be > 0, got 0\n"),
-        ("fail", 1, "prog.py: error: the disk is full\n"),
-        ("finished", 0, ""),
-        ("done", 0, ""),
-    ],
-)
+    [("flag", 2, "prog.py: error: --thing must be > 0, got 0\n"), ("fail", 1, "prog.py: error: the disk is full\n"),
+     ("done", 0, "")],
+)  # fmt: skip
 def test_exit_statuses_and_the_closing_line(tmp_path, outcome, status, stderr):
-    out = run_prog(tmp_path, "--outcome", outcome)
-    assert (out.returncode, out.stderr) == (status, stderr)
-    if outcome == "finished":
-        assert out.stdout == "prog.py: that run finished already\n"
-    if outcome == "done":  # training ran: the closing line, the summary, no checkpoint (the script saves its own)
-        assert out.stdout == CLOSING.format("done") + "\n"
-        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert summary["status"] == "done" and summary["global_step"] == 30 and summary["checkpoint"] is None
+    out = run_program(tmp_path, "--outcome", outcome)
+    assert (out.returncode, out.stderr.split("\n")[0] + "\n" if out.stderr else "") == (status, stderr), out.stderr
+    if outcome == "fail":  # failed in iteration 4: the closing line names no checkpoint (the script's error saves none)
+        assert re.search(CLOSING.format("failed", 30) + r"\(tensorboard --logdir runs\)$", out.stderr.split("\n")[-2])
+    if outcome == "done":  # the closing line, the summary, the final checkpoint
+        closing = re.search(CLOSING.format("done", 100) + r".*; evaluate with: python prog.py --eval-", out.stdout)
+        summary = json.loads((tmp_path / closing.group(1) / "summary.json").read_text())
+        assert summary["status"] == "done" and summary["global_step"] == 100 and summary["checkpoint_iteration"] == 10
 
 
 def test_a_bug_keeps_its_traceback_and_saves_nothing(tmp_path):
-    out = run_prog(tmp_path, "--outcome", "raise")
+    out = run_program(tmp_path, "--outcome", "raise")
     assert out.returncode == 1 and "Traceback" in out.stderr and "ValueError: a bug keeps its traceback" in out.stderr
-    assert out.stderr.endswith(CLOSING.format("failed") + "\n")
-    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+    assert re.search(CLOSING.format("failed", 30), out.stderr.splitlines()[-1])
+    assert not list((tmp_path / "runs").glob("*/checkpoint.pt"))
 
 
 def test_help_opens_with_the_description_and_the_commands(tmp_path):
-    out = run_prog(tmp_path, "--help")
+    out = run_program(tmp_path, "--help")
     assert out.returncode == 0
     assert "A test program.\n" in out.stdout and "python prog.py --outcome wait" in out.stdout
     assert "More text" not in out.stdout
@@ -257,26 +214,21 @@ def test_help_opens_with_the_description_and_the_commands(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_saves_then_exits_128_plus_its_number(tmp_path, sig):
-    (tmp_path / "prog.py").write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "prog.py", "--outcome", "wait"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert select.select([proc.stdout], [], [], 60)[0] and proc.stdout.readline() == "ready\n"
+    proc = start_program(tmp_path, "--outcome", "wait")
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig
-    assert stderr == CLOSING.format(f"stopped by {signal.Signals(sig).name}") + (
-        "; continue with: python prog.py --resume run/checkpoint.pt\n"
-    )
-    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["iteration"] == 3
+    closing = CLOSING.format(f"stopped by {signal.Signals(sig).name}", 30) + r"\(tensorboard --logdir runs\); "
+    closing = re.fullmatch(closing + r"continue with: python prog.py --resume (\S+)\n", stderr)
+    assert closing and torch.load(tmp_path / closing.group(2), weights_only=True)["iteration"] == 3
 
 
 def test_video_gets_a_runtime_folder_where_none_is_set(tmp_path, monkeypatch):
     """The video stack (SDL) prints "error: XDG_RUNTIME_DIR is invalid" at every env without one: a private one."""
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    lifecycle._runtime_dir_for_video()
+    run._runtime_dir_for_video()
     folder = os.environ["XDG_RUNTIME_DIR"]
     assert os.path.isdir(folder) and os.stat(folder).st_mode & 0o777 == 0o700
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    lifecycle._runtime_dir_for_video()
+    run._runtime_dir_for_video()
     assert os.environ["XDG_RUNTIME_DIR"] == str(tmp_path)  # a usable one is kept

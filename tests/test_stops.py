@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,7 +15,7 @@ import pytest
 from common.multiprocessing_env import SubprocVecEnv
 from common.run.stops import Stopped, StopRequest
 from tests.envs import CounterEnv, FaultyEnv
-from tests.helpers import REPO, alive, descendants
+from tests.helpers import REPO, alive, descendants, start_program
 
 
 def ask_later(request: StopRequest, seconds: float) -> None:
@@ -91,58 +89,22 @@ def test_the_forkserver_and_the_workers_leave_stopping_to_the_trainer():
     envs.close()
 
 
-# A program that stops as a script does: its loop checks the request at safe points, except where it sits in "env code"
-# that never returns (the stop then waits for it: only a second Ctrl-C, or the bound, ends it).
-PROGRAM = r"""
-import dataclasses, pathlib, sys, time, torch
-from common.run import checkpointing, folder, lifecycle
-
-@dataclasses.dataclass
-class Args:
-    stuck: bool = False
-
-def main(args):
-    run_dir = pathlib.Path("run")
-    run_dir.mkdir()
-    checkpoints = checkpointing.Checkpoints("prog.py", args, {"model": torch.nn.Linear(1, 1)}, 10)
-    with lifecycle.ending("prog.py", run_dir, checkpoints, folder.Progress(100, 30)) as run:
-        run.snapshot(3, [None])
-        print("ready", flush=True)
-        while True:
-            time.sleep(0.01)  # a step
-            if not args.stuck:
-                run.stop_if_asked()
-
-if __name__ == "__main__":
-    lifecycle.run(main, Args, "A test program.")
-"""
-
-
-def start_program(tmp_path, *argv) -> subprocess.Popen:
-    (tmp_path / "prog.py").write_text(PROGRAM)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "prog.py", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout.readline() == "ready\n"
-    return proc
-
-
 def test_a_ctrl_c_forwarded_by_a_launcher_is_the_same_stop(tmp_path):
     """torchrun forwards the terminal's Ctrl-C to ranks that got it already: two SIGINTs in quick succession are one
     stop, which saves."""
-    proc = start_program(tmp_path)
+    proc = start_program(tmp_path, "--outcome", "wait")
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
-    assert "stopped by SIGINT" in stderr and (tmp_path / "run" / "checkpoint.pt").exists()
+    assert "stopped by SIGINT" in stderr and list(tmp_path.glob("runs/*/checkpoint.pt"))
 
 
 def test_a_second_ctrl_c_ends_a_stop_that_waits_at_once(tmp_path):
     """A stop waits for the loop's next safe point; env code that never returns holds it there, and a second Ctrl-C
     (a second after the first) ends the process at once."""
-    proc = start_program(tmp_path, "--stuck")
+    proc = start_program(tmp_path, "--outcome", "stuck")
     proc.send_signal(signal.SIGINT)
     time.sleep(1.5)
     assert proc.poll() is None  # still in "env code": the stop waits

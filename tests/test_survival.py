@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.run.records import read_scalars
+from common.sweep.report import read_scalars
 from tests.helpers import (
     ATARI,
     ATARI_TINY,
@@ -196,13 +196,13 @@ def test_the_scripts_run_with_no_flags_at_all(tmp_path):
 
 @pytest.mark.parametrize("gap", [0.02, *LONG(0.0, 0.5)])
 def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap):
-    """A scheduler signals every process of a job: the workers (and the forkserver, and the watcher) first, the
+    """A scheduler signals every process of a job: the workers (and the forkserver) first, the
     trainer `gap` seconds later. The workers leave stopping to the trainer, which saves, then resumes."""
     args = [*FAULT_ENV, *VEC_TINY, "--num-workers", "2"]
     proc = start_training(VEC, [*args, "--total-timesteps", "10000000"], tmp_path, fault_env(tmp_path))
     family = descendants(proc.pid)
     workers = [int(p.name) for p in (tmp_path / "pids").iterdir() if int(p.name) in family]
-    assert len(family) >= 3 and len(workers) == 2  # two workers, a forkserver, the watcher
+    assert len(family) >= 3 and len(workers) == 2  # two workers, a forkserver
     for pid in family:
         os.kill(pid, signal.SIGTERM)
     time.sleep(gap)
@@ -267,19 +267,19 @@ def helpers(tmp_path) -> list[int]:
 
 
 @pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", *LONG("done")])
-def test_helpers_of_envs_in_the_trainer_end_with_the_run(tmp_path, ending):
-    """Envs stepped in the trainer (and the ones the flag check builds) start a helper process each: however the run
-    ends, none outlives it."""
-    args = ["--env-id", "tests.envs:HelperExec-v0", *VEC_TINY, "--num-workers", "0"]
+def test_helpers_of_the_envs_end_with_the_run(tmp_path, ending):
+    """An env of yours that starts a helper process (and never ends it) steps in workers by default: the probe's helper
+    and the workers' end with the run, however it ends. (With --num-workers 0 the envs are the trainer's, as in
+    SyncVectorEnv: what they start is theirs to end.)"""
+    args = ["--env-id", "tests.envs:HelperExec-v0", *VEC_TINY]
     if ending == "done":
         out = run_script(VEC, [*args, "--total-timesteps", "256"], tmp_path, extra_env=fault_env(tmp_path))
         assert out.returncode == 0, out.stderr
     else:
         proc = start_training(VEC, [*args, "--total-timesteps", "10000000"], tmp_path, fault_env(tmp_path))
-        time.sleep(1.5)  # the watcher has looked since the envs were built
         proc.send_signal(getattr(signal, ending))
         proc.communicate(timeout=60)
-    assert len(helpers(tmp_path)) == 5  # the flag check's env and the run's 4
+    assert len(helpers(tmp_path)) == 5  # the probe's env and the run's 4
     assert all_gone(helpers(tmp_path)), "env helpers outlived the run"
 
 

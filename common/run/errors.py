@@ -1,4 +1,4 @@
-"""The exceptions that say how a run ends, and the exit status each gives (common/run/lifecycle.py's `run`):
+"""The exceptions that say how a run ends, and the exit status each gives (Run.cli):
 FlagError 2 (nothing started), RunError 1 (one line, no traceback), Finished 0."""
 
 

@@ -1,9 +1,12 @@
-"""Flags both scripts share: their checks (one FlagError naming the flag, before anything starts), what the command
-line gave, the env id checked and its env probed in a process of its own, and the vec env's options."""
+"""The flags both scripts share, checked before anything starts: one FlagError naming the flag and what it allows. Also
+the env id, and the env built once in a probe process (vecenv/layout.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
+import importlib.util
 import itertools
 import math
 import os
@@ -13,51 +16,19 @@ from typing import Any
 
 import gymnasium as gym
 
-from common.multiprocessing_env import check_layout
-from common.run import stops
-from common.run.errors import FlagError
-from common.run.records import flag
-from common.vecenv.layout import OldApi, ProbeFailed, probe
-
-
-def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
-    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks a rule: the
-    rules of SHARED_FLAGS for the fields args has, then the script's own (field, ok, allowed) rules."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise FlagError(f"{flag(field.name)} must be a finite number, got {value}")
-    shared = [(name, test(getattr(args, name)), allowed) for name, test, allowed in SHARED_FLAGS if hasattr(args, name)]
-    for name, ok, allowed in shared + rules:
-        if not ok:
-            raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
-    check_installed(args, {"capture_video": "moviepy", "track": "wandb"})
-    if hasattr(args, "num_workers"):
-        try:
-            check_layout(args.num_workers, args.step_timeout, args.max_restarts, spell=flag)
-        except ValueError as exc:
-            raise FlagError(str(exc)) from None
-
-
-def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bool, str]]:
-    """The rules of a batch (for `check`): `envs` (the field of the envs a rank steps) x --num-steps, split into
-    --num-minibatches, and --total-timesteps worth at least one batch of every rank."""
-    n = getattr(args, envs)
-    batch_size = n * args.num_steps
-    batch = f"batch of {batch_size} steps ({flag(envs)} {n} x --num-steps {args.num_steps})"
-    least = f">= one {batch}" if world_size == 1 else f">= {world_size} x a {batch}"
-    return [(envs, n >= 1, ">= 1"),
-            ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
-            ("total_timesteps", args.total_timesteps >= batch_size * world_size, least)]  # fmt: skip
+from ..multiprocessing_env import check_layout
+from ..vecenv.layout import OldApi, ProbeFailed, probe
+from . import stops
+from .errors import FlagError
+from .records import flag
 
 
 def plain_name(name: str) -> bool:
     """True for a name that stays one folder inside runs/: not empty, no path separator, not '.' or '..'."""
-    separators = {"/", "\0", os.sep} | ({os.altsep} if os.altsep else set())
-    return name not in ("", ".", "..") and not any(s in name for s in separators)
+    return name not in ("", ".", "..") and not any(s in name for s in {"/", "\0", os.sep, os.altsep or "/"})
 
 
-# The flags both scripts have, and the values they allow: (field, test of its value, what is allowed).
+# The flags both scripts have: (field, test of its value, what is allowed)
 SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("exp_name", plain_name, "a plain name (no '/', not '.' or '..')"),
     ("exp_name", lambda v: len(v.encode()) <= 200, "at most 200 bytes (it names a folder with the env id and seed)"),
@@ -77,57 +48,69 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("num_workers", lambda v: v is None or v >= 0, ">= 0 (0: the envs step in the trainer) or unset"),
     ("max_restarts", lambda v: v >= 0, ">= 0"),
     ("step_timeout", lambda v: v is None or 0 < v <= 604800, "in (0, 604800] seconds, a week (or unset: no limit)"),
+    ("num_threads", lambda v: v is None or v >= 1, ">= 1"),
 ]
 
 
-def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
-    """The fields of args_type whose flags the command line gives (--norm-obs and --no-norm-obs both give norm_obs)."""
-    spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
-    spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
-    return {spelled[word.split("=", 1)[0]] for word in (sys.argv[1:] if argv is None else argv) if
-            word.split("=", 1)[0] in spelled}  # fmt: skip
+def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
+    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks a rule of
+    SHARED_FLAGS (for the fields args has) or of the script's own (field, ok, allowed) rules."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FlagError(f"{flag(field.name)} must be a finite number, got {value}")
+    shared = [(name, test(getattr(args, name)), allowed) for name, test, allowed in SHARED_FLAGS if hasattr(args, name)]
+    for name, ok, allowed in shared + rules:
+        if not ok:
+            raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
+    check_installed(args, {"capture_video": "moviepy", "track": "wandb"})
+    try:
+        if hasattr(args, "num_workers"):
+            check_layout(args.num_workers, args.step_timeout, args.max_restarts, spell=flag)
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
 
 
-def given() -> set[str]:
-    """The flags given on the command line, as spelled there (--norm-obs), whatever their values."""
-    return {arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--")}
+def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bool, str]]:
+    """The rules of a batch: `envs` (the field of a rank's envs) x --num-steps, split into --num-minibatches, and
+    --total-timesteps worth at least one batch of every rank."""
+    n = getattr(args, envs)
+    batch_size = n * args.num_steps
+    batch = f"batch of {batch_size} steps ({flag(envs)} {n} x --num-steps {args.num_steps})"
+    least = f">= one {batch}" if world_size == 1 else f">= {world_size} x a {batch}"
+    return [(envs, n >= 1, ">= 1"),
+            ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
+            ("total_timesteps", args.total_timesteps >= batch_size * world_size, least)]  # fmt: skip
 
 
 def check_bool_values(args_type: type, argv: list[str]) -> None:
-    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): bool flags are
-    switches here, `--flag` or `--no-flag`."""
+    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): here they are
+    switches, `--flag` or `--no-flag`."""
     switches = {flag(f.name) for f in dataclasses.fields(args_type) if f.type in (bool, "bool")}
     for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):  # each word with the one after it
         name = given.split("=", 1)[0]
         if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
             value = given.split("=", 1)[1] if "=" in given else value
-            off = "--no-" + name[2:]
             raise FlagError(f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
-                            f"{off} to turn it off")  # fmt: skip
+                            f"--no-{name[2:]} to turn it off")  # fmt: skip
 
 
 def check_installed(args: Any, needs: dict[str, str]) -> None:
     """FlagError for a flag that is on while the package it needs is missing: needs = {field: package}."""
-    import importlib.util
-
     for name, package in needs.items():
         if getattr(args, name, False) and importlib.util.find_spec(package) is None:
             raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
 
 
 def check_env_id(env_id: str) -> None:
-    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches if not);
-    FlagError naming --env-id if not."""
-    import difflib
-    import importlib
-
+    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches if not)."""
     import ale_py
 
-    gym.register_envs(ale_py)  # Atari ids are known, so a script can say which one they are for
+    gym.register_envs(ale_py)  # Atari ids are known, so a script can say which ones are for it
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner on every Atari env built
     module, _, name = env_id.rpartition(":")
-    if module and os.getcwd() not in sys.path:  # the working directory too, as `python -m` would: a module beside you
-        sys.path.insert(1, os.getcwd())  # (sys.path[0] is the script's folder; workers and the probe get this path)
+    if module and os.getcwd() not in sys.path:  # the working folder too, as `python -m` would: a module beside you
+        sys.path.insert(1, os.getcwd())  # (workers and the probe get this path)
     try:
         if module:
             importlib.import_module(module)
@@ -144,26 +127,19 @@ def check_env_id(env_id: str) -> None:
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
-    """check_env_id, then builds the env (`make()`, as the script would) once in a probe process: no env code runs
-    here, the build is bounded by `bound` seconds, and whatever the env starts ends with the probe. Returns what the
-    probe found: its "spaces", and "raw_spaces", the unwrapped env's (common/vecenv/layout.py); FlagError naming
-    --env-id if it fails."""
-    check_env_id(env_id)
+    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's own:
+    vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the probe found, or FlagError
+    naming --env-id."""
     try:
-        return probe(make, bound, None, steps=False, interrupt=stops.request, check_api=True)
+        return probe(make, bound, interrupt=stops.request, check_api=True)
     except OldApi as exc:
         raise FlagError(f"--env-id {env_id} follows the old gym API ({exc}); the scripts need gymnasium's: "
                         "reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, "
                         "truncated, info)") from None  # fmt: skip
-    except ProbeFailed as exc:  # a missing extra (box2d, mujoco), a broken env, a wrapper refusing it
+    except ProbeFailed as exc:
+        if exc.phase == "start":  # the probe itself, before any env code: not the env's fault
+            raise FlagError(f"--env-id {env_id}: the process that builds it to look at it could not start "
+                            f"({exc.summary})") from None  # fmt: skip
         raise FlagError(f"--env-id {env_id} cannot be {exc.done} here: {exc.summary}") from None
     except TimeoutError:
         raise FlagError(f"--env-id {env_id}: building the env did not finish within {bound:g} s") from None
-
-
-def vec_env_options(args: Any, cores: int | None = None) -> dict[str, Any]:
-    """SubprocVecEnv's keyword arguments from the flags both scripts share; `cores`: the worker processes to use
-    when --num-workers is unset (None: let SubprocVecEnv measure and choose)."""
-    num_workers = args.num_workers if args.num_workers is not None else cores
-    return {"num_workers": num_workers, "max_restarts": args.max_restarts, "step_timeout": args.step_timeout,
-            "interrupt": stops.request}  # fmt: skip

@@ -1,5 +1,6 @@
-"""What ranks under torchrun decide together: the process group, values gathered or averaged over all ranks, a stop
-agreed by all, and the checks every rank makes alike."""
+"""A run of several ranks under torchrun: what they decide together. RankedRun is Run with a process group, a stop
+agreed by all, every rank's generators and envs kept at each boundary (rank 0 writes them), and episodes, restarts and
+losses gathered over ranks."""
 
 from __future__ import annotations
 
@@ -7,74 +8,86 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed
+import torch.distributed as dist
 
-from common.run import stops
-from common.run.errors import RunError
-
-
-@contextlib.contextmanager
-def process_group(backend: str, enabled: bool) -> Iterator[None]:
-    """torch.distributed's process group for the block (rank and world size from torchrun's variables), if enabled."""
-    if not enabled:
-        yield
-        return
-    with stops.request.at_once():  # the rendezvous waits for every rank, in C++: a stop then ends the rank at once
-        torch.distributed.init_process_group(backend=backend)
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
+from . import stops
+from .run import Run
+from .stops import Stopped
 
 
-def all_ranks(obj: Any) -> list:
-    """obj from every rank, in rank order (a list of one without a process group)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [obj]
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, obj)
-    return gathered
+class RankedRun(Run):
+    """Run, as one of `world_size` ranks (torchrun's RANK and WORLD_SIZE); plain `python` is one rank without a process
+    group. The model and optimizer are rank 0's (DDP keeps them equal); generators and envs are every rank's."""
 
+    def __init__(self, args: Any, rank: int, world_size: int, local_world_size: int):
+        super().__init__(args, rank, world_size, local_world_size)
+        self.distributed = world_size > 1
 
-def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """The mean of `tensor` over all ranks (itself without a process group): what every rank must decide on alike."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return tensor
-    total = tensor.detach().clone()
-    torch.distributed.all_reduce(total)
-    return total / torch.distributed.get_world_size()
+    @contextlib.contextmanager
+    def start(self, device: torch.device, *args: Any, **state: Any) -> Iterator[Any]:
+        """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or --backend)."""
+        if self.distributed:
+            with stops.request.at_once():  # the rendezvous waits for every rank in C++: a stop ends this rank at once
+                dist.init_process_group(backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+        try:
+            with super().start(device, *args, **state) as writer:
+                yield writer
+        finally:
+            if self.distributed:
+                dist.destroy_process_group()
 
+    def iterations(self) -> Iterator[int]:
+        yield from super().iterations()
+        model = next(obj for obj in self.state.values() if isinstance(obj, torch.nn.Module))
+        checksums = self._gather(sum(p.detach().double().sum().item() for p in model.parameters()))
+        if self.is_main and self.distributed:
+            print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}", flush=True)
 
-def max_over_ranks(value: int) -> int:
-    """The largest of `value` over all ranks (itself without a process group)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return value
-    on_gpu = torch.distributed.get_backend() == "nccl"
-    tensor = torch.tensor([value], device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
-    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-    return int(tensor.item())
+    def stop_if_asked(self) -> None:
+        """Stopped if any rank was asked to stop: every rank calls it at the same points, so every rank stops there and
+        none waits in a collective for one that left."""
+        signum = torch.tensor([stops.request.signum or 0], device=self._collective_device())
+        if self.distributed:
+            dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+        if signum.item():
+            raise Stopped(int(signum.item()))
 
+    def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The mean of `tensor` over all ranks: what every rank must decide alike (the target_kl early stop)."""
+        if not self.distributed:
+            return tensor
+        total = tensor.detach().clone()
+        dist.all_reduce(total)
+        return total / self.world_size
 
-def mean_losses(stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
-    """{name: mean over the update's minibatches and over ranks} from {name: one value per minibatch}."""
-    means = mean_over_ranks(torch.stack([torch.stack(values).mean() for values in stats.values()]))
-    return dict(zip(stats, means.tolist(), strict=True))
+    def _collective_device(self) -> torch.device:
+        return self.device if self.distributed and dist.get_backend() == "nccl" else torch.device("cpu")
 
+    def _num_workers(self) -> int | None:
+        return self.args.num_workers if self.args.num_workers is not None else self.cores
 
-def check_finite(losses: dict[str, float], module: torch.nn.Module, where: str) -> None:
-    """RunError unless every loss and every weight of module is finite (where: which iteration, for the message)."""
-    if not (np.isfinite(list(losses.values())).all() and all(p.isfinite().all() for p in module.parameters())):
-        raise RunError(f"{where}: the loss or the weights became NaN/Inf; look for NaN/Inf in observations or "
-                       "rewards, or lower --learning-rate")  # fmt: skip
+    def _gather(self, obj: Any) -> list:
+        if not self.distributed:
+            return [obj]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
 
+    def _gather_episodes(self, episodes: list, restarts: int) -> tuple[list, int]:
+        everyone = self._gather((episodes, restarts))
+        return [episode for e, _ in everyone for episode in e], sum(r for _, r in everyone)
 
-def lost_rank(exc: BaseException) -> bool:
-    """True for the error a collective raises when another rank is gone (gloo and NCCL say so in their own words)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return False
-    text = str(exc).lower()
-    return isinstance(exc, torch.distributed.DistError) or any(
-        s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
-    )
+    def _ranks_note(self, first_seed: int) -> str:
+        seeds = self._gather(list(range(first_seed, first_seed + self.envs.num_envs)))
+        return f", x {self.world_size} ranks, env seeds {seeds}" if self.distributed else ""
+
+    @staticmethod
+    def lost_rank(exc: BaseException) -> bool:
+        """True for the error a collective raises when another rank is gone (gloo and NCCL say so in their words)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return False
+        text = str(exc).lower()
+        return isinstance(exc, dist.DistError) or any(
+            s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
+        )

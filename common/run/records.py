@@ -1,34 +1,38 @@
-"""What a run leaves in its folder besides the TensorBoard events, read and written without torch (a sweep reads
-runs with this alone), and what a run is: the flags it was asked for.
+"""What a run leaves in its folder, and what a run is: the flags it was asked for.
 
-runs/<run>/
+runs/<env>__<exp_name>__<seed>__<time>/
     events.out.tfevents.*   TensorBoard scalars (CleanRL's tags)
-    args.json               the flags the run is trained with, the script's defaults, what its command line gave, each
-                            resume
-    .lock                   held by the process that writes the run, while it lives
+    args.json               the flags it is trained with, the script's defaults, what its command line gave, resumes
+    .lock                   held by the one process that writes the run, while it lives
     summary.json            how it ended: status, steps, wall time, SPS (over every segment), last-20 return, layout
-    checkpoint.pt           the last checkpoint: periodic, final, or written by a stop or an env failure
-    curve.png               episodic return against global step (matplotlib)
+    checkpoint.pt           the state at an iteration boundary: periodic, final, or written by a stop or an env failure
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import fcntl
+import io
 import json
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-LOCK = ".lock"  # in a run folder: locked by the one process that writes the run, its pid inside
+import torch
 
+from .errors import FlagError, RunError
+
+LOCK = ".lock"
 END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # "1": the run stops (and saves) when the process that started it dies
 
-# Flags that change nothing a run learns. A run may go on with other values of them (--resume), and a sweep reuses a
-# run made with other values of them; every other flag is part of what the run's results are of, --total-timesteps
-# included where a schedule spans the run (SCHEDULED; see `other_length`).
+# Flags that change nothing a run learns: a resume may give other values, and a sweep reuses a run made with others
 TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "max_restarts", "num_threads", "cuda",
                        "backend", "device_ids", "track", "wandb_project_name", "wandb_entity", "capture_video",
                        "save_model", "eval_episodes", "eval_checkpoint", "resume"})  # fmt: skip
+SCHEDULED = ("anneal_lr",)  # flags that make a run learn by a schedule over its --total-timesteps
 
 
 def flag(name: str) -> str:
@@ -37,57 +41,27 @@ def flag(name: str) -> str:
 
 
 def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{field: (its value in flags, in other)} for each flag of `flags` that changes results (neither TOLERATED nor
+    """{field: (its value in flags, in other)} for each flag that changes results (neither TOLERATED nor
     total_timesteps) and has another value in `other`."""
     return {name: (value, other.get(name)) for name, value in flags.items()
             if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value}  # fmt: skip
 
 
-# Flags that make a run learn by a schedule over its --total-timesteps: with one on, a run of another length is
-# another run (--anneal-lr: the learning rate falls to 0 at the run's last step).
-SCHEDULED = ("anneal_lr",)
-
-
 def scheduled(flags: dict[str, Any]) -> bool:
-    """Whether a run of these flags learns by a schedule over its --total-timesteps (a SCHEDULED flag is on)."""
     return any(flags.get(name) for name in SCHEDULED)
 
 
-def ends_at(total: int, saved: dict[str, Any]) -> int:
-    """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps (whole iterations;
-    `total` itself for a record that does not give the size)."""
-    steps = saved.get("steps_per_iteration")
-    return total // steps * steps if steps else total
+def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
+    """The fields of args_type whose flags the command line gives (--norm-obs and --no-norm-obs both give norm_obs)."""
+    spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
+    spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
+    words = (word.split("=", 1)[0] for word in (sys.argv[1:] if argv is None else argv))
+    return {spelled[word] for word in words if word in spelled}
 
 
-def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
-    """Why the run of args.json `saved`, at step `reached`, is not the run of `total` steps that its other flags make
-    it (None: it is, once resumed to `total`), said as its --total-timesteps: with a SCHEDULED flag on, it was made for
-    another number of iterations, or a resume changed that number; else it is past the steps asked."""
-    trained = saved.get("total_timesteps")
-    if trained is None:
-        return "not recorded"
-    if scheduled(saved):
-        stretched = [change for resume in saved.get("resumes", [])
-                     if (change := resume.get("changed", {}).get("total_timesteps"))
-                     and ends_at(change[0], saved) != ends_at(change[1], saved)]  # fmt: skip
-        if stretched:
-            return f"{stretched[0][0]} made {stretched[0][1]} by a resume (--anneal-lr's schedule changed midway)"
-        if ends_at(trained, saved) == ends_at(total, saved):
-            return None
-        return f"{trained} (--anneal-lr: the learning rate falls over all of them)"
-    return f"{trained} (at step {reached})" if reached > ends_at(total, saved) else None
-
-
-def asked(saved: dict[str, Any]) -> dict[str, Any]:
-    """What a run was asked for, from its args.json: the script's defaults and the flags its command line gave (a
-    flag's effect, such as norm_obs off for Discrete actions, is not what was asked)."""
-    return {**saved.get("defaults", {}), **{name: saved[name] for name in saved.get("given", []) if name in saved}}
-
-
+# ------------------------------------------------------------------------------------------------- the folder
 def writer(run_dir: Path) -> int | None:
-    """The pid of the live process that writes run_dir (it holds run_dir/.lock), or None: how a run still running
-    is told from one that ended, whatever its summary.json says."""
+    """The pid of the live process that writes run_dir (it holds its .lock), or None."""
     try:
         fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
     except OSError:
@@ -101,9 +75,69 @@ def writer(run_dir: Path) -> int | None:
         os.close(fd)
 
 
+_held: list[int] = []  # the locks this process holds: released by the kernel however it ends
+
+
+def hold(run_dir: Path) -> None:
+    """Makes this process the one writer of run_dir; FlagError naming the process that holds it already."""
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FlagError(f"{run_dir} is being written by process {writer(run_dir)}: a run has one writer at a time; "
+                        "wait for it to end, or stop it") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held.append(fd)
+
+
+def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None = None) -> Path:
+    """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken) with its args.json;
+    RunError in one line if it cannot be made here."""
+    base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    try:
+        Path(root).mkdir(exist_ok=True)
+        for k in range(1, 1_000_000):
+            path = Path(root) / (base if k == 1 else f"{base}-{k}")
+            try:
+                path.mkdir()  # atomic: two runs starting in the same second never share a folder
+            except FileExistsError:
+                continue
+            hold(path)
+            write_args(path, args, steps_per_iteration=steps_per_iteration)
+            return path
+    except OSError as exc:  # read-only, full, or `runs` is a file
+        why = "a file of that name is in the way" if os.path.isfile(root) else exc.strerror
+        raise RunError(f"cannot make the run folder in {os.path.abspath(root)} ({why}); run from a folder you can "
+                       "write to") from None  # fmt: skip
+    raise RunError(f"no free run folder name under {root}/{base}")
+
+
+def write_args(run_dir: Path, args: Any, resumed: dict | None = None, steps_per_iteration: int | None = None) -> None:
+    """args.json: the flags the run is trained with, the script's defaults and the fields its first command line
+    gave (together, what it was asked for: its identity to a sweep), the steps of one iteration, and each resume:
+    when, from which iteration and step, and which flags it changed."""
+    path = run_dir / "args.json"
+    flags = dataclasses.asdict(args)
+    record = {"script": Path(sys.argv[0]).name, **flags, "defaults": dataclasses.asdict(type(args)()),
+              "given": sorted(given_fields(type(args))), "steps_per_iteration": steps_per_iteration,
+              "resumes": []}  # fmt: skip
+    if resumed is not None:
+        earlier = read_json(path) or {}
+        earlier = earlier if isinstance(earlier, dict) else {}
+        record["given"] = earlier.get("given", record["given"])  # what the run was started with
+        changed = {name: [earlier.get(name), value] for name, value in flags.items()
+                   if name != "resume" and name in earlier and earlier[name] != value}  # fmt: skip
+        record["resumes"] = [*earlier.get("resumes", []), {
+            "at": time.strftime("%Y-%m-%d %H:%M:%S"), "from_iteration": resumed["iteration"],
+            "from_step": resumed["global_step"], "changed": changed}]  # fmt: skip
+    write_json(path, record)
+
+
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Writes data to path so that a reader sees the old file or the new one, never a part: a temp file beside it,
-    flushed to disk, renamed over it. On failure the temp file is removed and path is as it was (OSError raised)."""
+    """Writes data so that a reader sees the old file or the new one, never a part: a temp file beside it, flushed to
+    disk, renamed over it. On failure the temp file is removed and path is as it was (OSError raised)."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -121,54 +155,115 @@ def write_atomically(path: Path, data: bytes | memoryview) -> None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Writes data as JSON, atomically (write_atomically)."""
     write_atomically(Path(path), (json.dumps(data, indent=1, default=str) + "\n").encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's contents, or None if it is missing or unreadable."""
+    """A JSON file's contents if they are an object, else None (missing, unreadable, or another kind of value)."""
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
-def read_scalars(run_dir: Path | str, wall_time: bool = False) -> dict[str, list[tuple]]:
-    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...], or (step, value, wall time)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+# ---------------------------------------------------------------------------------------------- checkpoints
+def save_checkpoint(path: Path | str, state: dict) -> None:
+    """Writes state atomically (write_atomically); RunError in one line if it cannot (a full disk, something that does
+    not pickle, NaN/Inf in a tensor), the previous file then unchanged."""
+    path = Path(path)
+    if not all(torch.isfinite(t).all() for t in _tensors(state) if t.is_floating_point()):
+        raise RunError(f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)")
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+        write_atomically(path, buffer.getbuffer())
+    except OSError as exc:
+        reason = "no space left on device" if exc.errno == errno.ENOSPC else f"{type(exc).__name__}: {exc.strerror}"
+        raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
+    except Exception as exc:  # noqa: BLE001 - something in the state does not pickle
+        raise RunError(f"could not write {path} ({exc}); the previous file, if any, is unchanged") from None
 
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    return {
-        tag: [(e.step, e.value, e.wall_time) if wall_time else (e.step, e.value) for e in events.Scalars(tag)]
-        for tag in events.Tags()["scalars"]
-    }
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for item in value for t in _tensors(item)] if isinstance(value, (list, tuple)) else []
 
 
-def plot_curve(run_dir: Path, title: str) -> Path | None:
-    """curve.png in run_dir: every episode's raw return against global step, and the mean of the last 20 (None if no
-    episode ended)."""
-    # Nothing to draw is found before importing tensorboard and matplotlib (a second): a run stopped early ends sooner
-    points = read_scalars(run_dir).get("charts/episodic_return", []) if any(run_dir.glob("events.*")) else []
-    if not points:
-        return None
-    import matplotlib
+def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
+    """A checkpoint that `script` wrote, read with weights_only=True (loading never runs code); FlagError naming the
+    flag for a missing, unreadable, foreign or damaged file."""
+    if not os.path.isfile(path):
+        raise FlagError(f"{flag_name} {path}: no such file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # torch.save writes zip archives
+            raise FlagError(f"{flag_name} {path}: not a checkpoint (not a file that torch.save wrote)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated, corrupted or foreign files all get the same clear error
+        reason = "its end is missing: a copy cut short, or damaged" if "central directory" in str(exc) else (
+            (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])  # fmt: skip
+        raise FlagError(f"{flag_name} {path}: not a readable checkpoint ({reason})") from None
+    written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if written_by != script:
+        what = f"was written by {written_by}" if isinstance(written_by, str) else "is not a checkpoint of this project"
+        raise FlagError(f"{flag_name} {path} {what}; {script} reads only its own checkpoints")
+    missing = [name for name in ("args", "model") if name not in checkpoint]
+    if missing:
+        raise FlagError(f"{flag_name} {path} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} "
+                        "(an older version, or a file edited since)")  # fmt: skip
+    wrong = [name for name, ok in FIELDS.items() if name in checkpoint and not ok(checkpoint[name], checkpoint)]
+    if wrong:
+        raise FlagError(f"{flag_name} {path} holds a {' and a '.join(wrong)} no run of {script} writes: a file edited "
+                        "since, or damaged")  # fmt: skip
+    return checkpoint
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
-    steps, returns = (np.array(values) for values in zip(*points, strict=True))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, returns, ".", ms=2, alpha=0.3, label="episode")
-    if len(returns) >= 20:
-        mean = np.convolve(returns, np.ones(20) / 20, mode="valid")
-        ax.plot(steps[19:], mean, lw=1.5, label="mean of the last 20")
-    ax.set(title=title, xlabel="global step", ylabel="episodic return (raw)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = run_dir / "curve.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+def rng_state(value: Any) -> bool:
+    """A numpy random generator's state, as bit_generator.state gives it."""
+    return isinstance(value, dict) and isinstance(value.get("bit_generator"), str) and "state" in value
+
+
+def _per_rank(ok: Any) -> Any:
+    """A field holding one value per rank, each `ok`."""
+    world_size = FIELDS["world_size"]
+    size = lambda c: c.get("world_size", 1)  # noqa: E731
+    return lambda v, c: (
+        isinstance(v, list) and all(ok(s) for s in v) and (len(v) == size(c) or not world_size(size(c), c))
+    )
+
+
+# What each field of a checkpoint may hold: (value, the whole checkpoint) -> ok
+FIELDS: dict[str, Any] = {
+    "args": lambda v, c: isinstance(v, dict),
+    "model": lambda v, c: isinstance(v, dict),
+    "world_size": lambda v, c: type(v) is int and v >= 1,
+    "iteration": lambda v, c: type(v) is int and v >= 0,
+    "global_step": lambda v, c: type(v) is int and v >= 0,
+    "recent_returns": lambda v, c: isinstance(v, list) and all(isinstance(r, (int, float)) for r in v),
+}
+FIELDS["rng"] = _per_rank(rng_state)
+FIELDS["env_states"] = _per_rank(lambda s: s is None or isinstance(s, bytes))
+
+
+def load_state(obj: Any, state: Any, flag_name: str, path: str) -> None:
+    """obj.load_state_dict(state), a mismatch as one FlagError naming the flag (for a model, the first tensor that
+    differs and both shapes: a checkpoint of another env, or of other sizes)."""
+    if isinstance(obj, torch.nn.Module) and isinstance(state, dict):
+        own = obj.state_dict()
+        for name in [*own, *state]:
+            if name not in own or name not in state:
+                where = "this run's model has" if name in own else "the checkpoint has"
+                raise FlagError(f"{flag_name} {path} does not fit this run's model: {where} {name}, the other not")
+            if tuple(own[name].shape) != tuple(state[name].shape):
+                raise FlagError(f"{flag_name} {path} does not fit this run's model: {name} has shape "
+                                f"{tuple(state[name].shape)} there, {tuple(own[name].shape)} here (another env, or "
+                                "other sizes?)")  # fmt: skip
+    try:
+        obj.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise FlagError(f"{flag_name} {path} does not fit this run's {type(obj).__name__} ({reason})") from None

@@ -1,26 +1,29 @@
 """python -m common.sweep (from the folder that holds common/), or python path/to/common/sweep (from anywhere): see
-common/sweep/__init__.py."""
+__init__.py beside this file."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a folder: common/ is imported from beside it
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+if __package__ in (None, ""):  # run as a folder: the package is imported from beside it, under its own name
+    _here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(_here.parent.parent))
+    sys.exit(importlib.import_module(f"{_here.parent.name}.sweep.__main__").main())
 
-from common import sweep  # noqa: E402
-from common.sweep.report import report  # noqa: E402
-from common.sweep.runs import STOP, Run, run_all, seeds  # noqa: E402
+from . import __doc__ as about  # noqa: E402
+from .report import report  # noqa: E402
+from .runs import STOP, Run, run_all, seeds  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m common.sweep", description=sweep.__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=about.split("\n\n")[0],
                                      epilog="Flags after -- go to every run.")  # fmt: skip
     parser.add_argument("script", help="the script to run, e.g. ppo_vec.py")
     parser.add_argument("--env-ids", nargs="+", required=True)

@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from common.run import records
-from common.run.records import flag
-from common.sweep.runs import Run
+from ..run import records
+from ..run.records import flag
+from .runs import Run, asked_of
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:
@@ -24,7 +24,7 @@ def judge(run: Run) -> tuple[Path | None, str | None]:
     if summary.get("status") != "done" or step < last:
         return folder, f"unfinished: {summary.get('status', 'no summary')} at {100 * step / last:.0f}% ({folder.name})"
     try:
-        logged = max((s for s, _ in records.read_scalars(folder).get("losses/value_loss", [])), default=0)
+        logged = max((s for s, _ in read_scalars(folder).get("losses/value_loss", [])), default=0)
     except Exception as exc:  # noqa: BLE001 - a damaged events file, whatever its damage
         return folder, f"unreadable: {type(exc).__name__} ({folder.name})"
     if logged < step:
@@ -49,7 +49,7 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
         steps = sorted({summary["global_step"] for summary in summaries})
         flags = {
             name: value
-            for name, value in records.asked(saved).items()
+            for name, value in asked_of(saved).items()
             if name not in ("env_id", "seed", "exp_name", *records.TOLERATED)
             and value != saved.get("defaults", {}).get(name)
         }
@@ -75,12 +75,24 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
     return lines
 
 
+def read_scalars(run_dir: Path | str, wall_time: bool = False) -> dict[str, list[tuple]]:
+    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...], or (step, value, wall time)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: [(e.step, e.value, e.wall_time) if wall_time else (e.step, e.value) for e in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+    }
+
+
 # ------------------------------------------------------------------------------------------- several runs, compared
 def episodes(run_dir: Path | str) -> tuple[Any, Any, Any]:
     """A run's episodes as arrays: global step, raw return, and seconds since the run's first logged point."""
     import numpy as np
 
-    scalars = records.read_scalars(run_dir, wall_time=True)
+    scalars = read_scalars(run_dir, wall_time=True)
     points = scalars.get("charts/episodic_return", [])
     start = min((p[2] for values in scalars.values() for p in values), default=0.0)
     steps, returns, wall = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3

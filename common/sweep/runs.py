@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common.run import records
-from common.run.records import flag
+from ..run import records
+from ..run.records import flag
 
 
 @dataclasses.dataclass
@@ -57,14 +57,14 @@ class Run:
 
     def differences(self, folder: Path) -> dict[str, tuple[Any, Any]]:
         """{field: (value asked, value the run in `folder` was made with)} for the flags that change results, its
-        --total-timesteps included where it keeps that run from becoming the one asked (records.other_length)."""
+        --total-timesteps included where it keeps that run from becoming the one asked (other_length)."""
         saved = records.read_json(folder / "args.json") or {}
         if not {"defaults", "given"} <= saved.keys():  # none, or one written before runs recorded what was asked
             return {"args.json": (None, None)}
         asked = self.asked(saved)
-        found = records.differing(asked, records.asked(saved))
+        found = records.differing(asked, asked_of(saved))
         reached = (records.read_json(folder / "summary.json") or {}).get("global_step", 0)
-        if (total := asked.get("total_timesteps")) is not None and (why := records.other_length(total, saved, reached)):
+        if (total := asked.get("total_timesteps")) is not None and (why := other_length(total, saved, reached)):
             found["total_timesteps"] = (total, why)
         return found
 
@@ -97,10 +97,42 @@ class Run:
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
             return resume, "resume"
-        if total is None or records.ends_at(total, saved) <= records.ends_at(trained, saved):
+        if total is None or ends_at(total, saved) <= ends_at(trained, saved):
             return [], "finished before: skipped"  # its iterations are those asked: other_length let no fewer pass
-        steps = (records.ends_at(trained, saved), records.ends_at(total, saved))
+        steps = (ends_at(trained, saved), ends_at(total, saved))
         return resume, f"extend (from {steps[0]} to {steps[1]} steps: no schedule spans it)"
+
+
+def ends_at(total: int, saved: dict[str, Any]) -> int:
+    """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps (whole iterations;
+    `total` itself for a record that does not give the size)."""
+    steps = saved.get("steps_per_iteration")
+    return total // steps * steps if steps else total
+
+
+def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
+    """Why the run of args.json `saved`, at step `reached`, is not the run of `total` steps that its other flags make
+    it (None: it is, once resumed to `total`), said as its --total-timesteps: with a SCHEDULED flag on, it was made for
+    another number of iterations, or a resume changed that number; else it is past the steps asked."""
+    trained = saved.get("total_timesteps")
+    if trained is None:
+        return "not recorded"
+    if records.scheduled(saved):
+        stretched = [change for resume in saved.get("resumes", [])
+                     if (change := resume.get("changed", {}).get("total_timesteps"))
+                     and ends_at(change[0], saved) != ends_at(change[1], saved)]  # fmt: skip
+        if stretched:
+            return f"{stretched[0][0]} made {stretched[0][1]} by a resume (--anneal-lr's schedule changed midway)"
+        if ends_at(trained, saved) == ends_at(total, saved):
+            return None
+        return f"{trained} (--anneal-lr: the learning rate falls over all of them)"
+    return f"{trained} (at step {reached})" if reached > ends_at(total, saved) else None
+
+
+def asked_of(saved: dict[str, Any]) -> dict[str, Any]:
+    """What a run was asked for, from its args.json: the script's defaults and the flags its command line gave (a
+    flag's effect, such as norm_obs off for Discrete actions, is not what was asked)."""
+    return {**saved.get("defaults", {}), **{name: saved[name] for name in saved.get("given", []) if name in saved}}
 
 
 def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,10 @@
-"""Where a SubprocVecEnv's envs live, seen from the calling process: `WorkerPool` (worker processes, each stepping
-a slice of the envs) and `InProcessPool` (every env in the calling process). Both take the same commands (`send`
-them, then `collect` the replies) and report failures the same way: `WorkerError` for an env that raised or a worker
-that died, `WorkerTimeout` for a worker silent past the bound.
+"""Where a SubprocVecEnv's envs live, seen from the calling process: `WorkerPool` (worker processes, each stepping a
+slice of the envs) or `InProcessPool` (every env here). Both take the same commands (`send`, then `collect`) and report
+failures alike: `WorkerError` for an env that raised or a worker that died, `WorkerTimeout` for one silent too long.
 
 A worker's death is seen from its process (a pidfd), not only from its pipe (an env may have forked a helper that
-keeps the pipe open), and not from multiprocessing's sentinel: a forkserver's sentinels all turn readable when the
-forkserver dies (a scheduler signals every process of a job), though the workers it forked live on. No read waits
-past the bound: the parent reads only what has arrived.
+keeps the pipe open), nor from multiprocessing's sentinel (all of a forkserver's turn readable when it dies, though
+the workers it forked live on). No read waits past the bound: the parent reads only what has arrived.
 """
 
 from __future__ import annotations
@@ -26,13 +24,12 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 
-from common.vecenv import process_control
-from common.vecenv.messages import Channel, poll_without_sleeping
-from common.vecenv.shared_block import anonymous_file, views
-from common.vecenv.worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
+from . import process_control
+from .messages import Channel, poll_without_sleeping
+from .shared_block import anonymous_file, views
+from .worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
 
-_LONGEST_POLL = 3600.0  # seconds; poll() takes an int of milliseconds, so longer waits are made of several
-STARTING = 60.0  # seconds a worker may take to start (a process, the main script's imports) before it builds its envs
+STARTING = 60.0  # seconds a worker may take to start (a process, the main script's imports) before building its envs
 
 
 class WorkerError(RuntimeError):
@@ -40,24 +37,20 @@ class WorkerError(RuntimeError):
 
     def __init__(self, message: str, env_indices: Sequence[int], command: str, exitcode: int | None = None):
         super().__init__(message)
-        self.env_indices = tuple(env_indices)
-        self.command = command
-        self.exitcode = exitcode
+        self.env_indices, self.command, self.exitcode = tuple(env_indices), command, exitcode
 
 
 class WorkerTimeout(TimeoutError, mp.TimeoutError):
-    """Workers did not answer within the bound: the builtin TimeoutError, and multiprocessing's, as gymnasium's own
-    vector envs raise. `env_indices` and `command` say which and what."""
+    """Workers did not answer within the bound: both TimeoutErrors, as gymnasium's vector envs raise."""
 
     def __init__(self, message: str, env_indices: Sequence[int], command: str):
         super().__init__(message)
-        self.env_indices = tuple(env_indices)
-        self.command = command
+        self.env_indices, self.command = tuple(env_indices), command
 
 
 def first_failure(failures: dict[int, Exception]) -> Exception:
-    """The failure of the lowest env index, its message naming the envs that failed too: what is reported, so that the
-    report does not depend on who answered first."""
+    """The failure of the lowest env index, naming the envs that failed too: the report does not depend on who
+    answered first."""
     ordered = sorted(failures.values(), key=lambda error: error.env_indices)
     error = ordered[0]
     if len(ordered) > 1:
@@ -72,12 +65,11 @@ def _remote_error(payload: tuple, where: str) -> WorkerError:
 
 
 class InProcessPool:
-    """Every env in this process, stepped by the same code as a worker's, when `collect` is called (as
-    SyncVectorEnv steps in step_wait). Nothing here can be bounded or restarted."""
+    """Every env in this process, stepped by a worker's code when `collect` is called (as SyncVectorEnv steps in
+    step_wait). Nothing here can be bounded or restarted."""
 
-    def __init__(self, env_fns: list[Callable[[], gym.Env]]):
-        self.slices = [slice(0, len(env_fns))]
-        self.envs: list[gym.Env] = []
+    def __init__(self, env_fns: list[Callable[[], gym.Env]], interrupt: Any = None):
+        self.slices, self.envs, self.interrupt = [slice(0, len(env_fns))], [], interrupt
         try:
             for fn in env_fns:
                 self.envs.append(fn())
@@ -87,13 +79,11 @@ class InProcessPool:
         self.group: EnvGroup | None = None
         self.pending: dict[int, tuple[Command, Any]] = {}
         self.replies: dict[int, Any] = {}
-        self.pids: list[int] = []
 
     def hello(self, timeout: float) -> tuple:
         return hello(self.envs, full=True)
 
     def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
-        """A block of `size` bytes for the arrays, and the envs writing into their rows of it."""
         buffer = bytearray(size)
         self.group = EnvGroup(self.envs, views(buffer, placed), obs_in_shm)
         return buffer
@@ -101,8 +91,11 @@ class InProcessPool:
     def send(self, w: int, command: Command, arg: Any = None) -> None:
         self.pending[w] = (command, arg)
 
-    def collect(self, timeout: float) -> dict[int, Exception]:
-        """Runs the command sent; an exception in env code is the failure of worker 0 (this process)."""
+    def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
+        """Runs the command sent; an exception in env code is the failure of worker 0 (this process). A stop requested
+        (the interrupt) raises first, the command still pending, as a wait on workers would."""
+        if self.interrupt is not None and interruptible:
+            self.interrupt.check()
         failures: dict[int, Exception] = {}
         for w, (command, arg) in list(self.pending.items()):
             del self.pending[w]
@@ -121,12 +114,11 @@ class InProcessPool:
 
 class WorkerPool:
     """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands, waits for replies
-    within a bound, replaces one that failed, and stops them all (helpers their envs started included)."""
+    within a bound, replaces those that failed, and stops them all (helpers their envs started included)."""
 
     def __init__(self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float,
-                 interrupt: Any = None, step_trace: Callable[[float, float], None] | None = None):  # fmt: skip
+                 interrupt: Any = None):  # fmt: skip
         self.slices, self.spin, self.interrupt = slices, spin, interrupt
-        self.step_trace = cloudpickle.dumps(step_trace) if step_trace is not None else None
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]  # also to rebuild a failed worker
         self.ctx, self.fork = process_control.get_context(context), context == "fork"
         process_control.start_helpers(context)
@@ -134,8 +126,8 @@ class WorkerPool:
         self.procs: list = []
         self.conns: list[Channel] = []
         self.stuck: set[int] = set()  # workers that failed to answer in time: killed, not asked, on close
-        self.poller = select.poll()  # every worker's socket and process sentinel (readable once it exits)
-        self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
+        self.poller = select.poll()  # every worker's socket and process fd
+        self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its process fd)
         self.sentinels: list[int] = []  # readable once worker w has exited (_process_fd)
         self.pending: dict[int, Command] = {}  # worker -> command awaiting its reply
         self.replies: dict[int, Any] = {}
@@ -152,10 +144,9 @@ class WorkerPool:
     def envs_of(self, w: int) -> list[int]:
         return list(range(self.slices[w].start, self.slices[w].stop))
 
-    # -------------------------------------------------------------------------------------------------- set-up
     def hello(self, timeout: float) -> tuple:
-        """Every env's space keys, env 0's spaces (or None: big ones are rebuilt from their keys), and env 0's metadata
-        and render mode, as the workers built them (see worker.hello)."""
+        """Every env's space keys, env 0's spaces (None: big ones are rebuilt from their keys), metadata and render
+        mode (worker.hello)."""
         self._collect_or_raise(timeout)
         replies = [self.replies.pop(w) for w in range(len(self.slices))]
         return [key for reply in replies for key in reply[0]], *replies[0][1:]
@@ -184,58 +175,51 @@ class WorkerPool:
             raise first_failure(failures)
 
     def _start(self, w: int) -> None:
-        """Starts worker `w` (afresh after a failure) and watches its socket and sentinel; it answers with spaces."""
+        """Starts worker `w` (afresh after a failure) and watches its socket and process; it answers with spaces."""
         parent_sock, child_sock = socket.socketpair()
         keep, give = process_control.lifeline()
         inherited = [c.fd for c in self.conns if c.fd >= 0] + [parent_sock.fileno(), keep.fileno()]
         args = (self.slices[w].start, self.env_fns_bytes[w], child_sock, give, inherited if self.fork else [],
-                self.spin, self.tmpdir, self.step_trace)  # fmt: skip
+                self.spin, self.tmpdir)  # fmt: skip
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
         with process_control.stop_signals_blocked():  # until the worker (and a forkserver it starts) ignores them
             proc.start()
         child_sock.close()
-        conn = Channel(parent_sock)
+        conn, sentinel = Channel(parent_sock), _process_fd(proc)
         if w < len(self.procs):
-            self.procs[w], self.conns[w] = proc, conn
+            self.procs[w], self.conns[w], self.sentinels[w] = proc, conn, sentinel
         else:
             self.procs.append(proc)
             self.conns.append(conn)
-        self.poller.register(conn.fd, select.POLLIN)
-        sentinel = _process_fd(proc)
-        if w < len(self.sentinels):
-            self.sentinels[w] = sentinel
-        else:
             self.sentinels.append(sentinel)
-        self.poller.register(sentinel, select.POLLIN)
-        self.fd_owner[conn.fd], self.fd_owner[sentinel] = (w, False), (w, True)
+        for fd, is_sentinel in ((conn.fd, False), (sentinel, True)):
+            self.poller.register(fd, select.POLLIN)
+            self.fd_owner[fd] = (w, is_sentinel)
         self.pending[w] = Command.START
 
-    # ------------------------------------------------------------------------------------------------ commands
     def send(self, w: int, command: Command, arg: Any = None) -> None:
         try:
             self.conns[w].send(encode(command, arg))
         except OSError:
-            pass  # a dead worker: its sentinel is readable, and collect reports it
+            pass  # a dead worker: its process fd is readable, and collect reports it
         self.pending[w] = command
 
     def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
-        """poll() until something is ready or the deadline passes (in pieces: poll takes an int of milliseconds),
-        first polling without sleeping for up to `spin` seconds."""
+        """poll() until something is ready or the deadline passes, first without sleeping for up to `spin` seconds."""
         if spin and (events := poll_without_sleeping(self.poller, min(spin, deadline - time.monotonic()))):
             return events
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return self.poller.poll(0)
-            events = self.poller.poll(min(remaining, _LONGEST_POLL) * 1000)
+            events = self.poller.poll(min(remaining, 3600.0) * 1000)  # poll takes an int of milliseconds
             if events:
                 return events
 
     def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
         """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`; returns the failures
-        (death, error, timeout) by worker. Replies on their way are still collected after a failure. A worker silent
-        past the bound stays pending, so a retried wait takes its reply; one that failed does not. The interrupt, if
-        any (and `interruptible`), ends the wait by raising, the workers still pending."""
+        (death, error, timeout) by worker. A worker silent past the bound stays pending, so a retried wait takes its
+        reply. The interrupt, if any (and `interruptible`), ends the wait by raising, the workers still pending."""
         watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
@@ -247,14 +231,12 @@ class WorkerPool:
 
     def _collect(self, timeout: float, watched: int | None) -> dict[int, Exception]:
         now, failures, late = time.monotonic(), {}, set()
-        # A worker that has yet to start (a process, the main script's imports) gets STARTING; its envs' build is
-        # bounded from the moment it says it has started (the bound is the env's, not the process's)
+        # A worker yet to start gets STARTING; its envs' build is bounded from the moment it says it has started
         deadlines = {w: now + (max(timeout, STARTING) if command is Command.START else timeout)
                      for w, command in self.pending.items()}  # fmt: skip
         waiting_for = len(self.pending)
         while len(self.pending) > len(late):
-            # Once a worker has answered (a core is free), the last replies are awaited without sleeping, up to the
-            # workers' own window: read as they come, not after this process is woken on a cold core.
+            # Once one worker has answered, the others' replies are awaited without sleeping, up to the workers' window
             deadline = min(deadlines[w] for w in self.pending if w not in late)
             events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
             if not events:
@@ -266,7 +248,7 @@ class WorkerPool:
                 if fd == watched:
                     self.interrupt.check()
                 elif fd in self.fd_owner:
-                    w = self.fd_owner[fd][0]  # (its fds are unwatched if its first words end with an error)
+                    w = self.fd_owner[fd][0]
                     if self._read(*self.fd_owner[fd], failures) and w in self.pending:
                         deadlines[w] = time.monotonic() + timeout  # it has started: now its build is timed
         return failures
@@ -291,9 +273,8 @@ class WorkerPool:
             del self.pending[w]
             self.stuck.discard(w)
             replied = True
-            status = msg[:1]
-            payload = None if status == Reply.OK else pickle.loads(memoryview(msg)[1:])
-            if status == Reply.ERROR:
+            payload = None if msg[:1] == Reply.OK else pickle.loads(memoryview(msg)[1:])
+            if msg[:1] == Reply.ERROR:
                 failures[w] = _remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
                 self._unwatch(w)  # it exits after this reply
             self.replies[w] = payload
@@ -306,25 +287,20 @@ class WorkerPool:
         proc, command = self.procs[w], self.pending.get(w)
         label = command.label if command else "?"
         self._unwatch(w)
-        process_control.end_processes([proc], grace=2.0)  # collect the exit code; a helper may still hold the pipe open
+        process_control.end_processes([proc], grace=2.0)  # collect the exit code; a helper may hold the pipe open
         how = process_control.describe_exit(proc.exitcode)
-        return WorkerError(
-            f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{label}'",
-            self.envs_of(w),
-            label,
-            proc.exitcode,
-        )
+        return WorkerError(f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{label}'",
+                           self.envs_of(w), label, proc.exitcode)  # fmt: skip
 
     def _unwatch(self, w: int) -> None:
-        """Takes worker `w`'s socket and sentinel out of the poll set: its exit is known, not news."""
+        """Takes worker `w`'s socket and process fd out of the poll set: its exit is known, not news."""
         for fd in (self.conns[w].fd, self.sentinels[w]):
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    # ------------------------------------------------------------------------------------------ restart, stop
     def restart(self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]) -> tuple[dict, dict]:
-        """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its reset reply}, {worker:
-        the failure of its rebuild (WorkerError, WorkerTimeout)})."""
+        """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its reset reply},
+        {worker: the failure of its rebuild})."""
         for w in ws:
             self._unwatch(w)
             self.conns[w].close()
@@ -383,8 +359,8 @@ def _close_process_fd(fd: int, proc: Any) -> None:
 
 
 def _shutdown(procs: list, conns: list, stuck: set[int], timeout: float) -> None:
-    """Ask workers to exit, wait up to `timeout`, then kill whatever is left, helpers included (also at exit, for a
-    SubprocVecEnv never closed)."""
+    """Asks workers to exit, waits up to `timeout`, then kills what is left (also at exit, for a vec env never
+    closed)."""
     for w, conn in enumerate(conns):
         if w not in stuck:
             try:

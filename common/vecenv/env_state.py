@@ -1,7 +1,7 @@
 """Env states for checkpoints: an env pickled whole (its wrappers, their statistics, its random generators and the
 simulator's own state), so that a run resumed from a checkpoint continues its episodes exactly where they were.
 
-Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or common/, or declares
+Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this package, or declares
 `pickle_state = True` (a user env that pickles with its whole state: plain Python and numpy). Simulators that
 gymnasium pickles by their constructor arguments (EzPickle: MuJoCo, ALE) are pickled by their state instead: MuJoCo's
 model and data pickle whole; an ALE env is rebuilt from its arguments and given back its emulator's state, random
@@ -22,7 +22,7 @@ import cloudpickle
 import gymnasium as gym
 from gymnasium.utils.ezpickle import EzPickle
 
-SAFE_MODULES = ("gymnasium.", "ale_py.", "common.")
+SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")  # ours, under whatever name it has
 
 
 def chain(env: gym.Env) -> list[Any]:

@@ -4,21 +4,18 @@ one, without running env code in the calling process.
 The rule: the envs step in the calling process only where they can neither hang it nor kill it, and are faster
 there; every other env gets workers, where every wait is bounded and a crash is named (or restarted).
 
-1. `probe` builds one env (the last: env 0 often records video) in a probe process of its own and says where its
-   classes come from. Only gymnasium's own pure-Python envs (classic control, toy text) under gymnasium's wrappers
-   are TRUSTED: no other code, and no C code that could crash.
-2. A trusted env's steps are timed there in CPU time, each beside a fixed piece of Python work (`reference_work`),
-   and the step is counted in units of that work: a busy machine (a neighbour on the same core, cold caches, a
-   slower clock) slows both alike, so the count barely moves where CPU seconds alone moved twofold. If what workers
-   would save on a step of all n envs, units * (n - ceil(n / w)) with w = min(cores, n), is under ROUND_TRIP (what a
-   step of w workers costs beyond their envs' own work, in the same units, measured by
-   benchmarks/layout_thresholds.py), the envs step here; else in w workers. The timing never waits for a slow step:
-   past STEP_DECIDE seconds, workers.
-3. Any other env, and an env the probe cannot build or step (an error, a crash, a registration only the main script
-   makes): workers, one per core, which report the real failure, if there is one, as a WorkerError naming the env.
+1. `probe` builds one env in a probe process of its own and says where its classes come from. Only gymnasium's own
+   pure-Python envs (classic control, toy text) under gymnasium's wrappers are TRUSTED.
+2. A trusted env's steps are timed there in CPU time, each beside a fixed piece of Python work (`reference_work`), and
+   counted in units of that work: a busy machine slows both alike. If what workers would save on a step of all n envs,
+   units * (n - ceil(n / w)) with w = min(cores, n), is under ROUND_TRIP (what a step of w workers costs beyond their
+   envs' work, measured by benchmarks/layout_thresholds.py), the envs step here; else in w workers. Past STEP_DECIDE
+   seconds of timing, workers.
+3. Any other env, and an env the probe cannot build or step: workers, one per core, which report a real failure as a
+   WorkerError naming the env.
 
-The probe is bounded like a wait on a worker from the moment it starts building (a hang is a WorkerTimeout naming the
-env), does not import the main script (nor torch), and ends with any process its env started.
+The probe is bounded like a wait on a worker from the moment it starts building, imports neither the main script nor
+torch, and ends with any process its env started.
 """
 
 from __future__ import annotations
@@ -31,37 +28,40 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from common.vecenv.env_hosts import WorkerTimeout
-from common.vecenv.env_state import chain
-from common.vecenv.messages import Channel
-from common.vecenv.process_control import plural, stop_signals_blocked
-from common.vecenv.worker import error_report
+from .env_hosts import WorkerTimeout
+from .env_state import chain
+from .messages import Channel
+from .process_control import plural, stop_signals_blocked
+from .worker import error_report
 
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
-ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units (see below)
+ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units
 REFERENCE_LOOPS = 60  # reference_work()'s size: about a CartPole step of CPU
 STEPPING = 0.02  # CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
-STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers (a step that slow would anyway)
+STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers
 PROBE_START = 60.0  # seconds the probe process may take to start (Python, gymnasium, the env's module) when loaded
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder that holds common/
-_BOOT = (
-    "import signal\n"  # stopping is the trainer's (it started us with SIGINT and SIGTERM held back)
-    "for signum in (signal.SIGINT, signal.SIGTERM): signal.signal(signum, signal.SIG_IGN)\n"
-    "signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))\n"
-    "import pickle, sys\n"
-    "data = pickle.load(sys.stdin.buffer)\n"
-    "sys.path[:] = data['path']\n"
-    "from common.vecenv.layout import probe_main\n"
-    "probe_main(data)\n"
-)
+# The folder the top package (ours, under whatever name it was copied as) lies in, for the probe's imports
+_ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
+_BOOT = f"""
+import signal
+for signum in (signal.SIGINT, signal.SIGTERM): signal.signal(signum, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+import pickle, sys
+data = pickle.load(sys.stdin.buffer)
+sys.path[:] = data['path']
+from {__package__}.layout import probe_main
+probe_main(data)
+"""
 
 
 class ProbeFailed(Exception):
@@ -78,26 +78,24 @@ class OldApi(Exception):
 
 
 def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
-    """True for one of gymnasium's own pure-Python envs under gymnasium's wrappers (see TRUSTED)."""
     return all(type(e).__module__.startswith(modules) for e in chain(env))
 
 
-def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps: bool = True,
+def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None, steps: bool = True,
           interrupt: Any = None, check_api: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Builds env_fn() in a probe process and, with `steps` and a trusted env, times its steps (CPU seconds, random
-    actions). Returns {"spaces", "raw_spaces" (the unwrapped env's), "origin" (the class of the env and of each
-    wrapper, outermost first), "trusted", "step" (None if not timed; inf past STEP_DECIDE), "reference" (with "step":
-    the CPU seconds of reference_work() beside it)}. ProbeFailed if env code raised or the probe died; WorkerTimeout
-    (naming env `index`) if building took more than `bound` seconds; the interrupt's exception (SubprocVecEnv's
-    `interrupt`) if it fires. With `check_api`, the env is reset and stepped once, bounded as building is (OldApi for
-    gym's old API)."""
+    """Builds env_fn() in a probe process and, with `steps` and a trusted env, times its steps. Returns {"spaces",
+    "raw_spaces" (the unwrapped env's), "origin" (the classes of the env and its wrappers, outermost first),
+    "trusted", "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference" (reference_work()'s CPU
+    seconds)}. ProbeFailed if env code raised or the probe died; WorkerTimeout (naming env `index`) past `bound`
+    seconds of building; the interrupt's exception (SubprocVecEnv's `interrupt`). With `check_api`, the env is also
+    reset and stepped once (OldApi for gym's old API)."""
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
             "registry": _registry(), "trusted": TRUSTED, "check_api": check_api}  # fmt: skip
+    errors = tempfile.TemporaryFile()  # what the probe says if it cannot start (a file: it never fills up)
     with stop_signals_blocked():
         proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, pass_fds=[child.fileno()],
-                                start_new_session=True)  # fmt: skip
+                                stderr=errors, pass_fds=[child.fileno()], start_new_session=True)  # fmt: skip
     child.close()
     conn, found = Channel(parent), {}
     phase, deadline = "start", time.monotonic() + PROBE_START
@@ -105,7 +103,7 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps:
         proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
         proc.stdin.close()
         while True:
-            msg = _next_message(conn, proc, deadline, interrupt, phase)
+            msg = _next_message(conn, proc, errors, deadline, interrupt, phase)
             if msg is None and phase == "step":
                 return dict(found, step=math.inf)  # slower than STEP_DECIDE: not waited for
             if msg is None and phase == "start":
@@ -119,64 +117,65 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None, steps:
                 raise ProbeFailed(value[1], value[2])
             if kind == "old api":
                 raise OldApi(value)
-            if kind == "ready":  # the probe has started: from now on the env's own work is timed
+            if kind == "ready":  # started: from now on the env's own work is timed
                 phase, deadline = "make", time.monotonic() + bound
             elif kind == "made" and steps and value["trusted"]:
                 found, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
             else:
                 return dict(found, **value) if kind == "stepped" else dict(value, step=None)
     finally:
-        _end(proc, conn)
+        conn.close()
+        errors.close()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the probe and every process its env started
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
 
 
-def _next_message(conn: Channel, proc: subprocess.Popen, deadline: float, interrupt: Any, phase: str) -> Any:
+def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any,
+                  phase: str) -> Any:  # fmt: skip
     """The probe's next message, None at the deadline; ProbeFailed if the probe ended without one."""
     poller = select.poll()
     poller.register(conn.fd, select.POLLIN)
-    if interrupt is not None:  # a stop ends the wait
+    if interrupt is not None:
         poller.register(interrupt.fileno(), select.POLLIN)
-    while True:
-        msg = conn.message()
-        if msg is not None:
-            return msg
+    while (msg := conn.message()) is None:
         remaining = deadline - time.monotonic()
         events = poller.poll(remaining * 1000) if remaining > 0 else []
         if not events:
             return None
         if interrupt is not None and any(fd == interrupt.fileno() for fd, _ in events):
             interrupt.check()
-        if not conn.pump() and not conn.ready():
-            raise ProbeFailed(phase, f"the probe process ended ({_ended(proc)})")
+        if not conn.pump():  # the probe has ended: what it said before, if anything, else how it ended
+            if (msg := conn.message()) is not None:
+                return msg
+            raise ProbeFailed(phase, f"the probe process ended ({_ended(proc, errors)})")
+    return msg
 
 
 def _registry() -> bytes | None:
-    """gymnasium's registry as this process has it (ids registered by the main script, or by importing ale_py), for
-    the probe to make env ids the same way; None if some entry does not pickle."""
+    """gymnasium's registry as this process has it (ids the main script registered), for the probe to make ids
+    alike; None if some entry does not pickle."""
     try:
         return cloudpickle.dumps(dict(gym.registry))
     except Exception:  # noqa: BLE001 - the probe then knows the ids its imports register
         return None
 
 
-def _ended(proc: subprocess.Popen) -> str:
+def _ended(proc: subprocess.Popen, errors: Any) -> str:
+    """How the probe process ended, with the last line it wrote to stderr (an import in its start that failed)."""
     try:
         code = proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
         return "closed its pipe"
-    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-
-
-def _end(proc: subprocess.Popen, conn: Channel) -> None:
-    """Ends the probe and every process its env started (they share its process group)."""
-    conn.close()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:
-        pass
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    errors.seek(0)
+    last = (errors.read()[-4096:].decode(errors="replace").strip().splitlines() or [""])[-1]
+    return f"{how}: {last}" if last else how
 
 
 def probe_main(data: dict) -> None:
@@ -212,8 +211,7 @@ def probe_main(data: dict) -> None:
 
 
 def _old_api(env: gym.Env) -> str | None:
-    """How the env answers a reset and a step as gym's old API did (None if it answers as gymnasium's); an error
-    that is not about the API is raised."""
+    """How the env answers as gym's old API did (None if as gymnasium's); an error not about the API is raised."""
     base = env.unwrapped  # below gymnasium's checking wrappers, which turn an old answer into warnings and errors
     try:
         answer = base.reset(seed=0)
@@ -230,8 +228,8 @@ def _old_api(env: gym.Env) -> str | None:
 
 
 def reference_work() -> float:
-    """A fixed piece of work like a small env's step (Python arithmetic, math calls, a small numpy array), timed
-    beside each step the probe times: the unit a step is counted in."""
+    """A fixed piece of work like a small env's step (Python arithmetic, math calls, a small numpy array): the unit a
+    step is counted in."""
     total = 0.0
     for i in range(REFERENCE_LOOPS):
         total += math.sin(i) * 0.5
@@ -240,11 +238,9 @@ def reference_work() -> float:
 
 
 def cpu_per_step(env: gym.Env) -> tuple[float, float]:
-    """CPU seconds of a typical step (the median, resets included where they fall) with random actions, over about
-    STEPPING seconds of steps after the first few, and of reference_work() run after each step (its median). Medians,
-    because a step the machine's load interrupts (a switch to another process, cold caches after it) costs more CPU
-    time than the env asks for. Only the steps are timed, not the drawing of actions: a trainer's actions come from
-    its policy."""
+    """CPU seconds of a typical step with random actions, and of reference_work() run after each step: medians over
+    about STEPPING seconds of steps after the first few (a step the load interrupts costs more CPU than the env asks).
+    Only the steps are timed, not the drawing of actions: a trainer's actions come from its policy."""
     env.action_space.seed(0)
     times: list[float] = []
     references: list[float] = []
@@ -261,45 +257,36 @@ def cpu_per_step(env: gym.Env) -> tuple[float, float]:
     return float(np.median(times[5:])), max(float(np.median(references[5:])), 1e-9)
 
 
-def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, str]:
-    """The number of workers (0: this process) for n envs like the probed one, and why. found None: the probe failed."""
+def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
+    """The workers (0: this process) for n envs like the probed one (found None: the probe failed), and what the
+    choice was made from (for `describe`)."""
     w = max(1, min(cores, n))
+    figures = {key: found.get(key) for key in ("origin", "trusted", "step", "reference")} if found else {}
     if found is None or not found["trusted"]:
-        return w, "workers bound its waits and outlive its crashes" if found else "workers report the probe's failure"
+        why = "workers bound its waits and outlive its crashes" if found else "workers report the probe's failure"
+        return w, dict(figures, why=why)
     if w == 1:
-        return 0, "one core or one env: nothing to spread"
-    if not math.isfinite(found["step"]):
-        return w, "workers save more than they cost"
+        return 0, dict(figures, why="one core or one env: nothing to spread")
+    if found["step"] is None or not math.isfinite(found["step"]):
+        return w, dict(figures, why="workers save more than they cost")
     saved = found["step"] / found["reference"] * (n - math.ceil(n / w))
     if saved < ROUND_TRIP:
-        return 0, f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost"
-    return w, f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost"
-
-
-def choose(env_fns: list, cores: int, bound: float, interrupt: Any = None) -> tuple[int, dict[str, Any]]:
-    """The number of workers to use (0: this process) and what the choice was made from (for `describe`)."""
-    try:
-        found = probe(env_fns[-1], bound, len(env_fns) - 1, interrupt=interrupt)
-    except ProbeFailed as exc:
-        workers, why = decide(None, len(env_fns), cores)
-        return workers, {"why": f"the probe env failed ({exc}); {why}"}
-    workers, why = decide(found, len(env_fns), cores)
-    return workers, {"origin": found["origin"], "trusted": found["trusted"], "step": found["step"],
-                     "reference": found.get("reference"), "why": why}  # fmt: skip
+        return 0, dict(figures, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost")
+    return w, dict(figures, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
 
 
 def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
     """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv: ...)"."""
-    text = f"{'1 env' if n == 1 else f'{n} envs'} in "
-    text += "this process" if num_workers == 0 else plural(num_workers, "worker process")
+    text = f"{plural(n, 'env')} in " + ("this process" if num_workers == 0 else plural(num_workers, "worker process"))
     notes = []
-    if "origin" in figures:
+    if figures.get("origin"):
         env = figures["origin"][-1].rsplit(".", 1)[-1]
         notes.append(f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs")
     if figures.get("step") is not None and math.isfinite(figures["step"]):
-        units = figures["step"] / figures["reference"]
-        notes.append(f"one step {figures['step'] * 1e6:.0f} us of CPU in a probe process, {units:.2f} units of "
-                     "reference work timed beside it")  # fmt: skip
+        notes.append(
+            f"one step {figures['step'] * 1e6:.0f} us of CPU in a probe process, "
+            f"{figures['step'] / figures['reference']:.2f} units of reference work timed beside it"
+        )
     elif figures.get("step") is not None:
         notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
     if figures.get("why"):

@@ -1,9 +1,6 @@
-"""The shared-memory block of a SubprocVecEnv: which arrays it holds, where each one lies, and the observation's leaves.
-
-One block holds every env's rewards, flags, actions and observation, one row per env; each worker maps it and writes
-its own rows in place, so a step moves no observation over a pipe. Observations of nested Dict/Tuple spaces live
-there leaf by leaf; spaces that cannot (Text, Graph, ...) travel pickled instead.
-"""
+"""The shared-memory block of a SubprocVecEnv: one row per env of rewards, flags, actions and observation, which each
+worker maps and writes in place, so that a step moves no observation over a pipe. Observations of nested Dict/Tuple
+spaces live there leaf by leaf; spaces that cannot (Text, Graph, ...) travel pickled instead."""
 
 from __future__ import annotations
 
@@ -18,14 +15,17 @@ from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tu
 BASE_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)  # spaces whose values are one fixed-shape array
 
 
-def leaves(space: gym.Space) -> list[gym.Space]:
-    """The array-valued spaces of a (nested Dict/Tuple) space, in a fixed order; TypeError if one is not."""
+def leaves(space: gym.Space, strict: bool = True) -> list[gym.Space]:
+    """The array-valued spaces of a (nested Dict/Tuple) space, in a fixed order; TypeError for any other (none, not
+    strict)."""
     if isinstance(space, BASE_SPACES):
         return [space]
     if isinstance(space, (Dict, Tuple)):
         subspaces = space.spaces.values() if isinstance(space, Dict) else space.spaces
-        return [leaf for sub in subspaces for leaf in leaves(sub)]
-    raise TypeError(f"{type(space).__name__} cannot live in shared memory")
+        return [leaf for sub in subspaces for leaf in leaves(sub, strict)]
+    if strict:
+        raise TypeError(f"{type(space).__name__} cannot live in shared memory")
+    return []
 
 
 def flatten(space: gym.Space, value: Any) -> list[Any]:
@@ -38,7 +38,7 @@ def flatten(space: gym.Space, value: Any) -> list[Any]:
 
 
 def unflatten(space: gym.Space, values: Any) -> Any:
-    """Inverse of `flatten` over an iterator of leaves: rebuilds the Dict/Tuple structure."""
+    """Inverse of `flatten` over an iterator of leaves."""
     if isinstance(space, Dict):
         return {key: unflatten(sub, values) for key, sub in space.spaces.items()}
     if isinstance(space, Tuple):
@@ -47,8 +47,8 @@ def unflatten(space: gym.Space, values: Any) -> Any:
 
 
 def block_fields(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memory: bool) -> tuple[list, bool, bool]:
-    """The arrays of the block for n envs: (fields, observations in it, actions in it). A field is (name, shape,
-    dtype); the observation's leaves are obs0, obs1, ..."""
+    """The arrays of the block for n envs, (name, shape, dtype) each, and whether observations and actions live there.
+    The observation's leaves are obs0, obs1, ..."""
     fields = [("rewards", (n,), np.float64), ("terminations", (n,), np.bool_), ("truncations", (n,), np.bool_)]
     actions_in = isinstance(act_space, BASE_SPACES)
     fields.append(("actions", (n, *act_space.shape) if actions_in else (0,), act_space.dtype or np.uint8))
@@ -61,17 +61,15 @@ def block_fields(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memo
 
 
 def layout(fields: list[tuple[str, tuple[int, ...], Any]]) -> tuple[list[tuple], int]:
-    """Offsets of named arrays in one block, each 64-byte aligned so workers never share a cache line."""
+    """Offsets of the arrays in one block, each 64-byte aligned so that workers never share a cache line."""
     placed, offset = [], 0
     for name, shape, dtype in fields:
         placed.append((name, offset, shape, np.dtype(dtype).str))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        offset += -(-nbytes // 64) * 64
+        offset += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 64) * 64
     return placed, max(offset, 64)
 
 
 def views(buffer: Any, placed: list[tuple]) -> dict[str, np.ndarray]:
-    """Numpy views of each array of a block laid out by `layout`."""
     return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset) for name, offset, shape, dtype in placed}
 
 

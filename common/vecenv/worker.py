@@ -1,11 +1,9 @@
-"""The worker side of a SubprocVecEnv: its wire protocol, the loop a worker process runs, and `EnvGroup`, the code that
-steps a slice of the envs into their rows of the shared arrays (the in-process layout runs the same code in the
-calling process).
+"""The worker side of a SubprocVecEnv: the wire protocol, the loop a worker process runs, and `EnvGroup`, which steps
+a slice of the envs into their rows of the shared arrays (the in-process layout runs it in the calling process).
 
-Protocol: the parent sends a message whose first byte is a `Command`, optionally followed by a pickled argument;
-the worker answers every command with one `Reply` byte, optionally followed by a pickled payload. A worker says it
-has started (OK), then builds its envs and says hello with their spaces; a failure sends (env index, command,
-summary, traceback) and ends the worker. An unknown command is a protocol fault, reported the same way.
+Protocol: the parent sends a `Command` byte, optionally followed by a pickled argument; the worker answers every
+command with one `Reply` byte, optionally followed by a pickled payload. A worker says it has started (OK), builds its
+envs and says hello with their spaces; a failure sends (env index, command, summary, traceback) and ends the worker.
 """
 
 from __future__ import annotations
@@ -30,15 +28,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Tuple
 
-from common.vecenv import env_state, process_control, shared_block
-from common.vecenv.messages import Channel
+from . import env_state, process_control, shared_block
+from .messages import Channel
 
 PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 class Command(enum.Enum):
-    """What the parent asks of a worker: the first byte of a message. START and MAKE are never sent (a worker says it
-    has started, then builds its envs and says hello); they name those phases in errors."""
+    """The first byte of a message to a worker. START and MAKE are never sent: they name those phases in errors."""
 
     START = b"t"
     MAKE = b"k"
@@ -56,9 +53,6 @@ class Command(enum.Enum):
         return self.name.lower()
 
 
-_COMMANDS = {command.value: command for command in Command}
-
-
 class Reply:
     """The first byte of a worker's answer."""
 
@@ -70,17 +64,17 @@ def encode(command: Command, arg: Any = None) -> bytes:
 
 
 def decode(msg: bytes) -> tuple[Command, Any]:
-    """The command and argument of a message; ValueError for a command byte this protocol does not have."""
-    command = _COMMANDS.get(msg[:1])
-    if command is None:
-        raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between the trainer and this worker)")
+    """The command and argument of a message; ValueError for a byte that is no command (a protocol fault)."""
+    try:
+        command = Command(msg[:1])
+    except ValueError:
+        raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between trainer and worker)") from None
     return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
 
 
 def space_key(space: gym.Space) -> Any:
-    """A small stand-in for a space, to send and compare instead of it: a Box whose bounds are the same everywhere
-    becomes ("Box", shape, dtype, low, high) (the bounds of a 50 MB image space pickle as 200 MB); Dict and Tuple hold
-    their parts' keys; any other space stands for itself."""
+    """A small stand-in for a space, to send and compare: a Box with the same bounds everywhere becomes (shape, dtype,
+    low, high) (an image space's bounds pickle as 4 times its size); Dict and Tuple hold their parts' keys."""
     if type(space) is Box and space.low.size:
         low, high = space.low, space.high
         if low.min() == low.max() and high.min() == high.max():
@@ -93,7 +87,6 @@ def space_key(space: gym.Space) -> Any:
 
 
 def space_from_key(key: Any) -> gym.Space:
-    """The space `space_key` stands for."""
     if isinstance(key, tuple) and key[0] == "Box":
         return Box(key[3], key[4], key[1], np.dtype(key[2]))
     if isinstance(key, tuple) and key[0] == "Dict":
@@ -104,19 +97,13 @@ def space_from_key(key: Any) -> gym.Space:
 
 
 def hello(envs: list[gym.Env], full: bool) -> tuple:
-    """What a group of envs says first: each env's (observation, action) space keys, the first env's spaces themselves
-    if `full` and small (they carry their random generators), and the first env's metadata and render mode."""
+    """What a group of envs says first: each env's space keys, env 0's spaces if `full` and small (they carry their
+    random generators), env 0's metadata and render mode."""
     keys = [(space_key(env.observation_space), space_key(env.action_space)) for env in envs]
     spaces = (envs[0].observation_space, envs[0].action_space)
-    small = all(leaf.low.nbytes < 1 << 20 for leaf in _boxes(spaces[0])) if full else False
+    boxes = [leaf for leaf in shared_block.leaves(spaces[0], strict=False) if isinstance(leaf, Box)]
+    small = full and all(box.low.nbytes < 1 << 20 for box in boxes)
     return keys, spaces if small else None, envs[0].metadata, envs[0].render_mode
-
-
-def _boxes(space: gym.Space) -> list[Box]:
-    if isinstance(space, Box):
-        return [space]
-    subspaces = space.spaces.values() if isinstance(space, Dict) else space.spaces if isinstance(space, Tuple) else []
-    return [box for sub in subspaces for box in _boxes(sub)]
 
 
 def error_report(index: int, command: str, exc: BaseException) -> tuple:
@@ -129,24 +116,20 @@ def error_report(index: int, command: str, exc: BaseException) -> tuple:
 
 
 def close_envs(envs: list[gym.Env]) -> None:
-    """Closes every env, best effort: what matters is that it ends."""
     for env in envs:
-        try:
+        with contextlib.suppress(Exception):  # a failing close must not keep the others open
             env.close()
-        except Exception:  # noqa: BLE001 - a failing close must not keep the others open
-            pass
 
 
 class EnvGroup:
-    """The envs of one worker, writing their results into their rows of the shared arrays. `current` is the env
-    (index within the group) under way, for error reports."""
+    """The envs of one worker, writing their results into their rows of the shared arrays. `current`: the env under
+    way, for error reports."""
 
     def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
         self.envs, self.views, self.current = envs, views, 0
         self.obs_space = envs[0].observation_space
-        n_leaves = len(shared_block.leaves(self.obs_space)) if obs_in_shm else 0
-        self.obs_views = [views[f"obs{j}"] for j in range(n_leaves)] if obs_in_shm else None
-        self.one_leaf = self.obs_views[0] if n_leaves == 1 else None  # the common case, made quick
+        self.obs_views = [views[name] for name in views if name.startswith("obs")] if obs_in_shm else None
+        self.one_leaf = self.obs_views[0] if obs_in_shm and len(self.obs_views) == 1 else None  # the common case
         self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
         self.handlers = {Command.STEP: self.step, Command.RESET: self.reset, Command.CALL: self.call,
                          Command.SET_ATTR: self.set_attr, Command.SAVE_STATES: self.save_states,
@@ -160,22 +143,19 @@ class EnvGroup:
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
         if self.obs_views is None:
             obs_list.append(obs)
-            return
-        if self.one_leaf is not None and getattr(obs, "shape", None) == self.one_leaf.shape[1:]:
+        elif self.one_leaf is not None and getattr(obs, "shape", None) == self.one_leaf.shape[1:]:
             self.one_leaf[k] = obs
-            return
-        for view, leaf in zip(self.obs_views, shared_block.flatten(self.obs_space, obs), strict=True):
-            if np.shape(leaf) != view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
-                raise ValueError(
-                    f"the observation has shape {np.shape(leaf)}, but its space {self.obs_space} has {view.shape[1:]}"
-                )
-            view[k] = leaf
+        else:
+            for view, leaf in zip(self.obs_views, shared_block.flatten(self.obs_space, obs), strict=True):
+                if np.shape(leaf) != view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
+                    raise ValueError(f"the observation has shape {np.shape(leaf)}, but its space {self.obs_space} "
+                                     f"has {view.shape[1:]}")  # fmt: skip
+                view[k] = leaf
 
     def step(self, actions_arg: list | None) -> tuple | None:
-        """Steps every env, resetting finished ones in the same step; None when nothing but the arrays changed."""
+        """Steps every env, resetting finished ones in the same step; None when only the arrays changed."""
         actions = self.views["actions"] if actions_arg is None else actions_arg
-        views = self.views
-        rewards, terminations, truncations = views["rewards"], views["terminations"], views["truncations"]
+        rewards, terminations, truncations = (self.views[name] for name in ("rewards", "terminations", "truncations"))
         extras, obs_list = [], []
         for k, env in enumerate(self.envs):
             self.current = k
@@ -228,7 +208,6 @@ class EnvGroup:
         return states
 
     def load_states(self, states: list[bytes]) -> None:
-        """Puts in the envs `save_states` saved (the ones they replace are closed)."""
         for k, state in enumerate(states):
             self.current = k
             env = env_state.loads(state)
@@ -243,17 +222,14 @@ SHORT_SPIN = 300e-6  # seconds: the window after a command that came later than 
 
 
 def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command, given how long the last one took to come after its reply: the
-    whole window while commands come within it (a trainer stepping in a loop: the worker stays on its CPU, hot, and
-    spends no more than the gap), a short one after a command that came later (a trainer busy elsewhere, an update
-    phase: a poll that would only burn CPU)."""
+    """How long a worker polls for its next command: the whole window while commands come within it (a rollout: the
+    worker stays on its CPU, hot), a short one after a command that came later (an update phase)."""
     return longest if gap <= longest else min(longest, SHORT_SPIN)
 
 
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
-    """Ends this worker and the helper processes its envs started (it leads their process group). If the trainer is
-    gone (its end of the lifeline closed, seen within `wait` seconds), first removes the folder its forkserver kept in
-    the temp dir: nobody else would."""
+    """Ends this worker and the helpers its envs started (it leads their process group). If the trainer is gone (its
+    end of the lifeline closed), first removes the folder its forkserver left in the temp dir: nobody else would."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     if tmpdir and poller.poll(wait * 1000):
@@ -264,9 +240,8 @@ def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
 
 
 def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
-    """Ends this worker once the trainer is gone, however it died: its end of the lifeline closes, and ours reads EOF
-    (nothing is ever sent on it). Runs in a thread, so it wakes while the main thread is busy in env code (as long as
-    that code releases the GIL)."""
+    """A thread: ends this worker once the trainer is gone however it died (nothing is ever sent on the lifeline, so
+    it reads EOF), even while the main thread is busy in env code."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     while not poller.poll():
@@ -274,29 +249,17 @@ def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
     _end(lifeline, tmpdir, wait=0.0)
 
 
-def worker_main(
-    first: int,
-    env_fns_bytes: bytes,
-    sock: socket.socket,
-    lifeline: socket.socket,
-    close_fds: list[int],
-    spin: float,
-    tmpdir: str | None,
-    step_trace: bytes | None = None,
-) -> None:
-    """A worker process: builds its envs (env indices from `first`), says hello with their spaces, maps the shared
-    block, then answers commands until told to close; any failure is reported, then the worker ends."""
+def worker_main(first: int, env_fns_bytes: bytes, sock: socket.socket, lifeline: socket.socket, close_fds: list[int],
+                spin: float, tmpdir: str | None) -> None:  # fmt: skip
+    """A worker process: builds its envs (indices from `first`), says hello, maps the shared block, then answers
+    commands until told to close; any failure is reported, then the worker ends."""
     for fd in close_fds:  # fork start: the parent's ends of every pipe, so that its death reads as EOF
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
-    try:
-        os.setpgid(0, 0)  # a process group of its own: the helpers its envs start can be ended with it
-    except OSError:
-        pass
-    process_control.ignore_stop_signals()  # stopping is the trainer's: it saves, then closes us
-    signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's (common/run/stops.py)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # a process group of its own: the helpers its envs start end with it
+    process_control.ignore_stop_signals()
+    signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's
     threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
     conn = Channel(sock)
     envs: list[gym.Env] = []
@@ -310,7 +273,7 @@ def worker_main(
         k = 0
         conn.send(Reply.PAYLOAD + pickle.dumps(hello(envs, full=first == 0), PICKLE))
 
-        command = Command.ATTACH  # map the block the parent laid out from those spaces: this worker's rows only
+        command = Command.ATTACH  # the block the parent laid out from those spaces: this worker's rows only
         msg, fd = conn.recv_fd()
         size, placed, obs_in_shm = decode(msg)[1]
         block = mmap.mmap(fd, size)
@@ -319,27 +282,21 @@ def worker_main(
         group = EnvGroup(envs, views, obs_in_shm)
         conn.send(Reply.OK)
 
-        trace = cloudpickle.loads(step_trace) if step_trace is not None else None  # SubprocVecEnv's step_trace
         window, answered = spin, time.perf_counter()
         while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
             window = spin_window(spin, time.perf_counter() - answered)
             if command is not Command.CLOSE:
-                start = time.monotonic()
                 reply = group.run(command, arg)
-                if trace is not None and command is Command.STEP:
-                    trace(start, time.monotonic())
                 conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
                 answered = time.perf_counter()
-    except (EOFError, ConnectionError):  # the trainer is gone (or dropped us) without a word, or died as we replied
+    except (EOFError, ConnectionError):  # the trainer is gone without a word, or died as we replied
         pass
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent, then this process ends
         index = first + (group.current if group is not None else k)
-        try:
+        with contextlib.suppress(OSError):
             conn.send(Reply.ERROR + pickle.dumps(error_report(index, command.label, exc), PICKLE))
-        except OSError:
-            pass
     finally:
         close_envs(envs)
         conn.close()

@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common.atari_wrappers import deepmind
+from common.atari_wrappers import AtariPipeline
 from common.run.errors import FlagError
 from common.run.ranks import RankedRun
 
@@ -142,9 +142,10 @@ def make_env(args: Args, idx: int, run_dir: Path | None, noop_max: int = 30):
         video = args.capture_video and idx == 0 and run_dir is not None
         # obs_type="ram": no RGB frame copied out per frame (the preprocessing reads the screen)
         env = gym.make(args.env_id, frameskip=1, obs_type="ram", render_mode="rgb_array" if video else None)
-        if video:
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        return deepmind(env, noop_max)  # one wrapper (gymnasium's under a recorder): same numbers
+        env = AtariPipeline(env, noop_max)
+        if video:  # a frame per agent step: 4 emulator frames
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", fps=env.metadata.get("render_fps", 60) // 4)
+        return env
 
     return thunk
 

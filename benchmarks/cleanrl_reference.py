@@ -25,7 +25,7 @@ from torch.distributions.categorical import Categorical
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import ppo_atari_multigpu  # noqa: E402
 import ppo_vec  # noqa: E402
-from common.atari_wrappers import EpisodicLifeEnv, FireResetEnv  # noqa: E402
+from benchmarks.peers import EpisodicLifeEnv, FireResetEnv  # noqa: E402
 
 
 def make_classic_env(env_id):

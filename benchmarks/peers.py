@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
+
 # What each peer is told; the throughput table says "set up as benchmarks/peers.py"
 ALE_ALIKE = dict(
     frameskip=4, maxpool=True, img_height=84, img_width=84, grayscale=True, stack_num=4, noop_max=30,
@@ -45,3 +48,80 @@ def envpool_vector(n: int, **changes: Any) -> Any:
     import envpool
 
     return envpool.make_gymnasium("Breakout-v5", num_envs=n, batch_size=n, seed=0, **(ENVPOOL_ALIKE | changes))
+
+
+# gymnasium's own wrappers, and the two DeepMind wrappers gymnasium lacks, as CleanRL stacks them: the reference
+# AtariPipeline (common/atari_wrappers.py) is tested against, and what benchmarks/cleanrl_reference.py runs
+class ScreenSpace(gym.Wrapper):
+    """Declares the screen as the observation space of an ALE env made with obs_type="ram".
+
+    AtariPreprocessing reads the frames it keeps from the emulator itself (twice per frame skip) and only sizes its
+    buffers from the observation space below it; the RGB frame the env would copy out on every emulated frame is
+    never looked at. With obs_type="ram" the env hands over 128 bytes instead, and the observations are the same.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        height, width = env.unwrapped.ale.getScreenDims()
+        self.observation_space = gym.spaces.Box(0, 255, (height, width, 3), np.uint8)
+
+
+class EpisodicLifeEnv(gym.Wrapper):
+    """A lost life ends the training episode (terminated=True) but not the game: the next `reset()` just
+    continues it with a no-op step. Only a real game over, or a reset with an explicit seed, resets the game."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self.game_over or seed is not None:
+            obs, info = self.env.reset(seed=seed, options=options)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:  # the no-op itself ended the game
+                obs, info = self.env.reset(options=options)
+        self.game_over = False
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireResetEnv(gym.Wrapper):
+    """Presses FIRE (then UP, as DeepMind did) after every reset, for games that wait for FIRE to start."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        meanings = env.unwrapped.get_action_meanings()
+        if len(meanings) < 3 or meanings[1] != "FIRE":
+            raise ValueError(f"FireResetEnv needs action 1 to be FIRE, got actions {meanings}")
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        for action in (1, 2):
+            obs, _, terminated, truncated, _ = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(options=options)
+        return obs, info
+
+
+def gymnasium_chain(env: gym.Env, noop_max: int = 30) -> gym.Env:
+    """DeepMind's preprocessing around an ALE env made with frameskip=1 (and obs_type="ram"), from gymnasium's own
+    wrappers and the two above, as CleanRL stacks them; RecordEpisodeStatistics below life loss and reward clipping,
+    so the returns it reports are raw full-game scores. AtariPipeline gives the same numbers, faster (tested)."""
+    env = gym.wrappers.RecordEpisodeStatistics(ScreenSpace(env))
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True)
+    env = EpisodicLifeEnv(env)
+    if env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]:
+        env = FireResetEnv(env)
+    env = gym.wrappers.ClipReward(env, -1.0, 1.0)
+    return gym.wrappers.FrameStackObservation(env, 4)

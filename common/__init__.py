@@ -1,14 +1,11 @@
-"""What both scripts import: the vector env, the Atari wrappers gymnasium lacks, and the run plumbing."""
+"""What both scripts import: the vector env, the run plumbing, the Atari preprocessing. It needs gymnasium >= 1.1."""
 
 import os
-import re
 import sys
 
 import gymnasium
 
-_version = re.match(r"(\d+)\.(\d+)", gymnasium.__version__)
-if _version is None or (int(_version[1]), int(_version[2])) < (1, 1):  # AutoresetMode and same-step resets
-    raise SystemExit(
-        f"{os.path.basename(sys.argv[0]) or 'python'}: error: ppo-vec needs gymnasium>=1.1,<2, this Python has "
-        f"{gymnasium.__version__}: pip install 'gymnasium>=1.1,<2'"
-    )
+if tuple(int(part) for part in gymnasium.__version__.split(".")[:2] if part.isdigit()) < (1, 1):  # same-step resets
+    script = os.path.basename(sys.argv[0]) or "python"
+    raise SystemExit(f"{script}: error: ppo-vec needs gymnasium>=1.1,<2, this Python has {gymnasium.__version__}: "
+                     "pip install 'gymnasium>=1.1,<2'")  # fmt: skip

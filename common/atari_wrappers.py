@@ -1,12 +1,4 @@
-"""The DeepMind Atari wrappers gymnasium 1.x lacks; everything else comes from gymnasium itself.
-
-Use them with `gymnasium.wrappers.AtariPreprocessing` (noop reset, frame skip with max-pool, 84x84 grayscale):
-
-    env = ScreenSpace(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
-    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4)
-    env = EpisodicLifeEnv(env)
-    env = FireResetEnv(env)  # only for games whose action 1 is FIRE
-"""
+"""The DeepMind Atari preprocessing as one wrapper over the ALE (AtariPipeline)."""
 
 from __future__ import annotations
 
@@ -17,91 +9,23 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
-
-class ScreenSpace(gym.Wrapper):
-    """Declares the screen as the observation space of an ALE env made with obs_type="ram".
-
-    AtariPreprocessing reads the frames it keeps from the emulator itself (twice per frame skip) and only sizes its
-    buffers from the observation space below it; the RGB frame the env would copy out on every emulated frame is
-    never looked at. With obs_type="ram" the env hands over 128 bytes instead, and the observations are the same.
-    """
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        height, width = env.unwrapped.ale.getScreenDims()
-        self.observation_space = gym.spaces.Box(0, 255, (height, width, 3), np.uint8)
-
-
-class EpisodicLifeEnv(gym.Wrapper):
-    """A lost life ends the training episode (terminated=True) but not the game: the next `reset()` just
-    continues it with a no-op step. Only a real game over, or a reset with an explicit seed, resets the game."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.lives = 0
-        self.game_over = True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.env.unwrapped.ale.lives()
-        if 0 < lives < self.lives:
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        if self.game_over or seed is not None:
-            obs, info = self.env.reset(seed=seed, options=options)
-        else:
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:  # the no-op itself ended the game
-                obs, info = self.env.reset(options=options)
-        self.game_over = False
-        self.lives = self.env.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireResetEnv(gym.Wrapper):
-    """Presses FIRE (then UP, as DeepMind did) after every reset, for games that wait for FIRE to start."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        meanings = env.unwrapped.get_action_meanings()
-        if len(meanings) < 3 or meanings[1] != "FIRE":
-            raise ValueError(f"FireResetEnv needs action 1 to be FIRE, got actions {meanings}")
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        obs, info = self.env.reset(seed=seed, options=options)
-        for action in (1, 2):
-            obs, _, terminated, truncated, _ = self.env.step(action)
-            if terminated or truncated:
-                obs, info = self.env.reset(options=options)
-        return obs, info
-
-
-def deepmind_wrappers(env: gym.Env, noop_max: int = 30) -> gym.Env:
-    """DeepMind's preprocessing around an ALE env made with frameskip=1 (and obs_type="ram"), from gymnasium's own
-    wrappers and the two above; RecordEpisodeStatistics below life loss and reward clipping, so the returns it reports
-    are raw full-game scores (and its lengths count emulator frames). AtariPipeline gives the same numbers, faster."""
-    env = gym.wrappers.RecordEpisodeStatistics(ScreenSpace(env))
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True)
-    env = EpisodicLifeEnv(env)
-    if env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]:
-        env = FireResetEnv(env)
-    env = gym.wrappers.ClipReward(env, -1.0, 1.0)
-    return gym.wrappers.FrameStackObservation(env, 4)
+from .vecenv.env_state import chain
 
 
 class AtariPipeline(gym.Wrapper):
-    """deepmind_wrappers in one wrapper: the same observations, rewards, flags and infos, step for step (tested), with
-    the emulator driven frame by frame straight through its ALEInterface instead of through seven wrappers per frame.
-
-    Around an ALE env made with frameskip=1 and obs_type="ram", and no TimeLimit (the ALE truncates games itself); a
-    wrapper below it (RecordVideo, say) sees no step: use deepmind_wrappers there.
-    """
+    """DeepMind's preprocessing in one wrapper around an ALE env made with frameskip=1 and obs_type="ram" (it reads the
+    frames it keeps from the emulator): noop reset (up to noop_max), frame skip with a max over the last two frames,
+    84x84 gray, a lost life ends the episode while the game goes on, FIRE (then action 2) after a reset where the game
+    has FIRE, rewards clipped to their sign, 4 frames stacked; its episode statistics are raw, full-game scores. It
+    gives gymnasium's own wrapper chain's numbers step for step (benchmarks/peers.py, tested), driving the emulator
+    through its ALEInterface instead of through seven wrappers per frame: a wrapper below it would miss every frame, so
+    wrap it instead (RecordVideo, with render_mode="rgb_array", records each agent step)."""
 
     def __init__(self, env: gym.Env, noop_max: int = 30, frame_skip: int = 4, size: int = 84, stack: int = 4):
+        below = [type(e).__name__ for e in chain(env)[:-1]]
+        if set(below) - {"OrderEnforcing", "PassiveEnvChecker"}:
+            raise ValueError(f"AtariPipeline drives the emulator itself: the wrappers below it ({', '.join(below)}) "
+                             "would miss every frame; wrap the pipeline instead")  # fmt: skip
         super().__init__(env)
         self.ale = env.unwrapped.ale
         self.action_set = env.unwrapped._action_set  # action index -> the ALE's action
@@ -199,15 +123,3 @@ class AtariPipeline(gym.Wrapper):
     def _observe(self, resize: bool = True) -> np.ndarray | None:
         np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
         return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA) if resize else None
-
-
-def deepmind(env: gym.Env, noop_max: int = 30) -> gym.Env:
-    """DeepMind's preprocessing: AtariPipeline where nothing below it would miss the steps it takes straight to the
-    emulator (gym.make's own order and API checks), deepmind_wrappers otherwise (a TimeLimit, RecordVideo, ...)."""
-    layers, inner = [], env
-    while isinstance(inner, gym.Wrapper):
-        layers.append(type(inner))
-        inner = inner.env
-    if all(layer in (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker) for layer in layers):
-        return AtariPipeline(env, noop_max)
-    return deepmind_wrappers(env, noop_max)

@@ -1,20 +1,9 @@
-"""SubprocVecEnv: a gymnasium ``VectorEnv`` whose envs step in Pipe-connected worker processes, or in the calling
-process when that is safe and faster.
+"""SubprocVecEnv: a gymnasium VectorEnv whose envs step in Pipe-connected worker processes (or in the calling process,
+where that is safe and faster), with SyncVectorEnv(autoreset_mode=SAME_STEP)'s results. Its parts are in vecenv/.
 
     envs = SubprocVecEnv([lambda: gym.make("CartPole-v1") for _ in range(8)])
-    obs, infos = envs.reset(seed=1)                        # env i is seeded with 1 + i
+    obs, infos = envs.reset(seed=1)  # env i is seeded with 1 + i
     obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
-    envs.close()
-
-Results equal ``gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)``: a finished env is
-reset within the same step, its last observation and info in ``infos["final_obs"]`` / ``infos["final_info"]``.
-
-Each worker steps ``envs_per_worker`` envs per round trip; observations, actions, rewards and flags live in one
-shared-memory block the workers write in place, and the pipe carries a command byte and a reply byte (plus pickled
-infos when an env reports any). Any failure in a worker (an exception, a crash, a kill) reaches the caller as a
-``WorkerError`` naming the env, the command and the remote traceback; every wait on a worker is bounded (a
-``WorkerTimeout`` past it). Workers and the processes their envs start end soon after the trainer dies, SIGKILL
-included. The parts live in the vecenv/ package beside this file.
 """
 
 from __future__ import annotations
@@ -37,7 +26,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from .vecenv import layout, process_control, shared_block
 from .vecenv.env_hosts import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
 from .vecenv.layout import ProbeFailed
-from .vecenv.worker import Command, space_from_key
+from .vecenv.worker import Command
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout"]
 
@@ -51,29 +40,12 @@ class AsyncState(enum.Enum):
     WAITING_STEP = "step"
 
 
-class BatchedSpace:
-    """A vector env's batched space, made when first asked for (an image space batches into GBs; a loop never asks)."""
-
-    def __init__(self, single: str):
-        self.single = single
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.attribute = f"_{name}"
-
-    def __get__(self, env: Any, owner: type | None = None) -> Any:
-        if env is None:
-            return self
-        if getattr(env, self.attribute, None) is None:
-            setattr(env, self.attribute, batch_space(getattr(env, self.single), env.num_envs))
-        return getattr(env, self.attribute)
-
-    def __set__(self, env: Any, space: gym.Space) -> None:
-        setattr(env, self.attribute, space)
-
-
 class SubprocVecEnv(VectorEnv):
-    """Vector env stepping its envs in worker processes (or in this one); SyncVectorEnv(autoreset_mode=SAME_STEP)'s
-    results.
+    """A finished env is reset within the step, its last observation and info in infos["final_obs"] and
+    infos["final_info"]. Observations, actions, rewards and flags live in one shared-memory block the workers write in
+    place; the pipe carries a command byte and a reply byte, and infos. A failure in a worker (an exception, a crash, a
+    kill) is a WorkerError naming the env, the command and the remote traceback; every wait on a worker is bounded (a
+    WorkerTimeout past it). Workers and what their envs start end soon after the trainer dies, SIGKILL included.
 
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
@@ -93,9 +65,6 @@ class SubprocVecEnv(VectorEnv):
             pass their stop request); the call stays pending, and close() still ends the workers.
         probe: what vecenv.layout.probe found of env_fns[-1], if the caller probed it already.
     """
-
-    observation_space = BatchedSpace("single_observation_space")
-    action_space = BatchedSpace("single_action_space")
 
     def __init__(
         self,
@@ -127,7 +96,6 @@ class SubprocVecEnv(VectorEnv):
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
-        self._observation_space = self._action_space = None  # batched when first asked for (BatchedSpace)
 
         # Where the envs step: as asked, workers when steps must be bounded or restarted, else decided by a probe
         cores = process_control.cores()
@@ -156,7 +124,6 @@ class SubprocVecEnv(VectorEnv):
         try:
             context = context or process_control.default_context()
             if workers:
-                process_control.check_main_guard(context)
                 self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt)
             else:
                 self._pool = InProcessPool(env_fns, interrupt)
@@ -345,13 +312,12 @@ class SubprocVecEnv(VectorEnv):
         replies = [self._pool.replies.pop(w) for w in range(len(self._pool.slices))]
         return [result for reply in replies if reply is not None for result in reply]
 
-    def _set_spaces(self, keys: list, first: tuple | None, metadata: dict, render_mode: str | None,
-                    shared_memory: bool) -> None:  # fmt: skip
+    def _set_spaces(self, spaces: list, metadata: dict, render_mode: str | None, shared_memory: bool) -> None:
         """Spaces and metadata from env 0, every env checked against them; then the shared block, in every worker."""
-        self._space_keys = keys[0]
-        first = first or tuple(space_from_key(key) for key in keys[0])
-        self.single_observation_space, self.single_action_space = first
-        self._check_spaces(0, keys)
+        self.single_observation_space, self.single_action_space = spaces[0]
+        self._check_spaces(0, spaces)
+        self.observation_space = batch_space(spaces[0][0], self.num_envs)
+        self.action_space = batch_space(spaces[0][1], self.num_envs)
         self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
         self.render_mode = render_mode
         fields, self._obs_in_shm, self._actions_in_shm = shared_block.block_fields(
@@ -359,13 +325,11 @@ class SubprocVecEnv(VectorEnv):
         )
         placed, size = shared_block.layout(fields)
         self._views = shared_block.views(self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed)
-        self._obs_views = [view for name, view in self._views.items() if name.startswith("obs")]
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
 
-    def _check_spaces(self, first: int, keys: list) -> None:
-        for i, key in enumerate(keys, start=first):
-            if key != self._space_keys:
-                obs_space, act_space = (space_from_key(k) for k in key)
+    def _check_spaces(self, first: int, spaces: list) -> None:
+        for i, (obs_space, act_space) in enumerate(spaces, start=first):
+            if obs_space != self.single_observation_space or act_space != self.single_action_space:
                 raise RuntimeError(
                     f"env {i} has observation space {obs_space} and action space {act_space}, but env 0 has "
                     f"{self.single_observation_space} and {self.single_action_space}; all envs must match"
@@ -436,7 +400,7 @@ class SubprocVecEnv(VectorEnv):
 
     def _observations(self):
         if self._obs_in_shm:
-            return shared_block.unflatten(self.single_observation_space, (view.copy() for view in self._obs_views))
+            return self._views["obs"].copy()
         out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)  # a fresh batch each time
         return concatenate(self.single_observation_space, self._env_obs, out)
 

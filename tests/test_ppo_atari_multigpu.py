@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.atari_wrappers import AtariPipeline, EpisodicLifeEnv, FireResetEnv, deepmind, deepmind_wrappers
+from benchmarks.peers import EpisodicLifeEnv, FireResetEnv, gymnasium_chain
+from common.atari_wrappers import AtariPipeline
 from tests.helpers import (
     ATARI,
     ATARI_TINY,
@@ -210,16 +211,15 @@ def test_fire_reset_refuses_games_without_fire():
 
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/SpaceInvaders-v5"])
 def test_the_one_wrapper_pipeline_gives_gymnasiums_numbers(env_id):
-    """AtariPipeline against gymnasium's wrappers (deepmind_wrappers), the same seeds and actions, through resets,
+    """AtariPipeline against gymnasium's wrappers (gymnasium_chain), the same seeds and actions, through resets,
     lost lives and game overs (sticky actions too, in the v5 env): every observation, reward, flag and info the same."""
     gym.register_envs(ale_py)
 
     def without_time(result):  # an episode's wall-clock seconds differ, of course
         return tree_map(result, lambda d: {k: v for k, v in d.items() if k != "t"})
 
-    ours = deepmind(gym.make(env_id, frameskip=1, obs_type="ram"))
-    theirs = deepmind_wrappers(gym.make(env_id, frameskip=1, obs_type="ram"))
-    assert isinstance(ours, AtariPipeline) and not isinstance(theirs, AtariPipeline)
+    ours = AtariPipeline(gym.make(env_id, frameskip=1, obs_type="ram"))
+    theirs = gymnasium_chain(gym.make(env_id, frameskip=1, obs_type="ram"))
     rng, ends = np.random.default_rng(0), 0
     assert_same(without_time(ours.reset(seed=5)), without_time(theirs.reset(seed=5)), "reset")
     for t in range(2500):
@@ -240,23 +240,28 @@ def tree_map(value, on_dict):
     return value
 
 
-def test_a_wrapper_below_the_preprocessing_gets_gymnasiums_wrappers():
-    """A wrapper below the preprocessing (a video recorder, a time limit) must see every frame: the pipeline that
-    drives the emulator directly is not used there."""
+def test_a_wrapper_below_the_pipeline_is_refused_and_one_above_sees_every_step():
+    """The pipeline drives the emulator itself: a wrapper below it (a time limit) would miss every frame, so it is
+    refused in one line; one above it (a video recorder) sees each agent step, and changes no number."""
+    gym.register_envs(ale_py)
+    limited = gym.wrappers.TimeLimit(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"), 100)
+    with pytest.raises(ValueError, match=r"below it \(TimeLimit, OrderEnforcing, PassiveEnvChecker\) would miss"):
+        AtariPipeline(limited)
 
-    class CountsFrames(gym.Wrapper):
-        frames = 0
+    class CountsSteps(gym.Wrapper):
+        steps = 0
 
         def step(self, action):
-            self.frames += 1
+            self.steps += 1
             return self.env.step(action)
 
-    gym.register_envs(ale_py)
-    below = CountsFrames(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
-    env = deepmind(below)
-    assert not isinstance(env, AtariPipeline) and isinstance(env, gym.wrappers.FrameStackObservation)
-    env.reset(seed=0)
-    env.step(0)
-    assert below.frames > 4  # the noops, FIRE, action 2 and a step of 4 frames
-    limited = deepmind(gym.wrappers.TimeLimit(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"), 100))
-    assert not isinstance(limited, AtariPipeline)
+    plain = AtariPipeline(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
+    recorded = CountsSteps(AtariPipeline(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram",
+                                                  render_mode="rgb_array")))  # fmt: skip
+    assert_same(plain.reset(seed=0), recorded.reset(seed=0))
+    for action in [1, 2, 3, 0] * 25:
+        got, want = recorded.step(action), plain.step(action)
+        for info in (got[4], want[4]):
+            info.get("episode", {}).pop("t", None)
+        assert_same(got, want)
+    assert recorded.steps == 100 and recorded.render().shape == (210, 160, 3)  # the screen, as RecordVideo takes it

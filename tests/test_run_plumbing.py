@@ -221,14 +221,3 @@ def test_a_signal_saves_then_exits_128_plus_its_number(tmp_path, sig):
     closing = CLOSING.format(f"stopped by {signal.Signals(sig).name}", 30) + r"\(tensorboard --logdir runs\); "
     closing = re.fullmatch(closing + r"continue with: python prog.py --resume (\S+)\n", stderr)
     assert closing and torch.load(tmp_path / closing.group(2), weights_only=True)["iteration"] == 3
-
-
-def test_video_gets_a_runtime_folder_where_none_is_set(tmp_path, monkeypatch):
-    """The video stack (SDL) prints "error: XDG_RUNTIME_DIR is invalid" at every env without one: a private one."""
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    run._runtime_dir_for_video()
-    folder = os.environ["XDG_RUNTIME_DIR"]
-    assert os.path.isdir(folder) and os.stat(folder).st_mode & 0o777 == 0o700
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    run._runtime_dir_for_video()
-    assert os.environ["XDG_RUNTIME_DIR"] == str(tmp_path)  # a usable one is kept

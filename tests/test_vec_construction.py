@@ -171,6 +171,9 @@ GUARDED = "def main():\n    " + UNGUARDED.replace("\n", "\n    ") + "\n\nif __na
 @pytest.mark.parametrize(("body", "context", "ok"), [(UNGUARDED, "", False), (GUARDED, "", True),
                                                      (UNGUARDED, ", context='fork'", True)])  # fmt: skip
 def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path, body, context, ok):
+    """Workers started by forkserver or spawn import the main script again: top-level code that builds a vec env
+    fails in them, and multiprocessing's own message names the idiom; the script ends (never hangs), naming the
+    worker."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(repo=str(REPO), body=body.format(context=context)))
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -178,10 +181,8 @@ def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path, body, co
         assert out.returncode == 0 and out.stdout.strip() == "(2, 3)", out.stderr
         return
     assert out.returncode == 1
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: train.py, line 6: this top-level code builds a SubprocVecEnv")
-    assert 'under `if __name__ == "__main__":` (or pass context="fork")' in last
-    assert "WorkerError" not in out.stderr and out.stderr.count("Traceback") == 1
+    assert "you have forgotten to use the proper idiom" in out.stderr and "if __name__ == '__main__':" in out.stderr
+    assert out.stderr.strip().splitlines()[-2].startswith("common.vecenv.env_hosts.WorkerError: worker 0 (pid")
 
 
 @pytest.mark.parametrize("shared_memory", [True, False])
@@ -194,7 +195,7 @@ def test_a_large_observation_steps_exactly(shared_memory):
         for _ in range(3):
             obs, *_ = envs.step(np.zeros(2, np.int64))
         assert obs.shape == (2, 20_000_000) and (obs[:, :1000] == 3).all() and not obs[:, 1000:].any()
-        assert envs.observation_space.shape == (2, 20_000_000)  # batched when first asked for
+        assert envs.observation_space.shape == (2, 20_000_000)
 
 
 def test_mismatched_large_spaces_are_named():

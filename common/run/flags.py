@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 
 from ..multiprocessing_env import check_layout
-from ..vecenv.layout import OldApi, ProbeFailed, probe
+from ..vecenv.layout import ProbeFailed, probe
 from . import stops
 from .errors import FlagError
 from .records import flag
@@ -132,11 +132,11 @@ def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[st
     naming --env-id."""
     try:
         return probe(make, bound, interrupt=stops.request, check_api=True)
-    except OldApi as exc:
-        raise FlagError(f"--env-id {env_id} follows the old gym API ({exc}); the scripts need gymnasium's: "
-                        "reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, "
-                        "truncated, info)") from None  # fmt: skip
     except ProbeFailed as exc:
+        if exc.phase == "api":
+            raise FlagError(f"--env-id {env_id} follows the old gym API ({exc.summary}); the scripts need gymnasium's: "
+                            "reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, "
+                            "truncated, info)") from None  # fmt: skip
         if exc.phase == "start":  # the probe itself, before any env code: not the env's fault
             raise FlagError(f"--env-id {env_id}: the process that builds it to look at it could not start "
                             f"({exc.summary})") from None  # fmt: skip

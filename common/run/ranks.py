@@ -28,8 +28,12 @@ class RankedRun(Run):
     def start(self, device: torch.device, *args: Any, **state: Any) -> Iterator[Any]:
         """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or --backend)."""
         if self.distributed:
-            with stops.request.at_once():  # the rendezvous waits for every rank in C++: a stop ends this rank at once
+            stops.request.at_once = True  # the rendezvous waits for every rank in C++: a stop ends this rank at once
+            try:
+                stops.request.check()  # (one the thread saw just before)
                 dist.init_process_group(backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+            finally:
+                stops.request.at_once = False
         try:
             with super().start(device, *args, **state) as writer:
                 yield writer

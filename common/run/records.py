@@ -1,12 +1,6 @@
-"""What a run leaves in its folder, and what a run is: the flags it was asked for.
-
-runs/<env>__<exp_name>__<seed>__<time>/
-    events.out.tfevents.*   TensorBoard scalars (CleanRL's tags)
-    args.json               the flags it is trained with, the script's defaults, what its command line gave, resumes
-    .lock                   held by the one process that writes the run, while it lives
-    summary.json            how it ended: status, steps, wall time, SPS (over every segment), last-20 return, layout
-    checkpoint.pt           the state at an iteration boundary: periodic, final, or written by a stop or an env failure
-"""
+"""What a run leaves in runs/<env>__<exp_name>__<seed>__<time>/, besides TensorBoard's events: args.json (the flags,
+the script's defaults, what its command line gave, each resume), .lock (held by the one process writing it),
+summary.json (how it ended) and checkpoint.pt (the state at an iteration boundary); and what a run is: its flags."""
 
 from __future__ import annotations
 

@@ -1,28 +1,22 @@
 """Stops: SIGINT and SIGTERM are requests the run honours at safe points, never exceptions thrown into library code.
 
-A signal handler runs at whatever bytecode the main thread happens to be at, inside any library (TensorBoard's writer
-queue, torch, pickle, a file write), and an exception raised there can leave that library's threads waiting forever.
-So the handler only records the request. The training loop checks it at safe points (`check`: after each env step,
-between minibatches), every wait of the trainer wakes on it (`fileno` turns readable: SubprocVecEnv's `interrupt`),
-and the run then ends through its one ending path.
-
-A thread sees each signal as it arrives, from the C-level handler (signal.set_wakeup_fd), so a request is noted even
-while the main thread is stuck in C code. It also bounds the stop: past STOP_WITHIN seconds (env code in the trainer
-that never returns) it ends the process, and a second Ctrl-C ends it at once, unless it comes within SAME_STOP seconds
-of the first (a launcher forwarding the terminal's Ctrl-C, as torchrun's does, is the same stop). Further SIGTERMs are
-the same stop: schedulers and launchers send their own.
+A signal handler runs at whatever bytecode the main thread is at, inside any library (TensorBoard's writer queue,
+torch, pickle), and an exception raised there can leave that library's threads waiting forever. So the handler only
+records the request; the loop checks it at safe points (`check`), every wait of the trainer wakes on it (`fileno`), and
+the run ends through its one ending path. A thread sees each signal as it arrives (signal.set_wakeup_fd), even while
+the main thread is stuck in C code. It bounds the stop: past STOP_WITHIN seconds (env code in the trainer that never
+returns) it ends the process, and a second Ctrl-C ends it at once, unless it comes within SAME_STOP seconds of the
+first (a launcher forwarding the terminal's Ctrl-C, as torchrun's does). More SIGTERMs are the same stop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -31,7 +25,7 @@ SAME_STOP = 1.0  # seconds within which a second SIGINT is the first one forward
 
 
 class Stopped(KeyboardInterrupt):
-    """Raised at a safe point of the run once SIGINT or SIGTERM was received (`signum` says which)."""
+    """Raised at a safe point once SIGINT or SIGTERM was received (`signum` says which)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -39,13 +33,14 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """The stop request of this process: `signum` (None until a stop signal arrives), `check()` at safe points, and
-    `fileno()` for waits to wake on. `install()` (main thread) makes SIGINT and SIGTERM requests."""
+    """This process's stop request: `signum` (None until a stop signal arrives), `check()` at safe points, `fileno()`
+    for waits to wake on. `install()` (main thread) makes SIGINT and SIGTERM requests. With `at_once` set, a stop ends
+    the process at once (a wait in C code no signal interrupts, before there is anything to save)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.at_once = False
         self._woken_r, self._woken_w = os.pipe()  # readable once a stop is requested: what waits poll
-        self._at_once = False  # a stop ends the process at once (`at_once`)
 
     def install(self) -> None:
         signals_r, signals_w = os.pipe()
@@ -56,12 +51,12 @@ class StopRequest:
         threading.Thread(target=self._watch, args=(signals_r,), name="stop-watch", daemon=True).start()
 
     def ignore(self) -> None:
-        """Stop signals from now on change nothing (the run is over; its process is exiting)."""
+        """Stop signals change nothing from now on (the run is over; its process is exiting)."""
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
 
     def _record(self, signum: int, frame: object) -> None:
-        """The handler: notes the request and returns. (The thread wakes the waits and bounds the stop.)"""
+        """The handler: notes the request and returns (the thread wakes the waits and bounds the stop)."""
         if self.signum is None:
             self.signum = signum
 
@@ -71,24 +66,11 @@ class StopRequest:
         os.write(self._woken_w, b"!")
 
     def check(self) -> None:
-        """Stopped, if a stop was requested."""
         if self.signum is not None:
             raise Stopped(self.signum)
 
     def fileno(self) -> int:
         return self._woken_r
-
-    @contextlib.contextmanager
-    def at_once(self) -> Iterator[None]:
-        """A block that waits in C code no signal can interrupt (torch.distributed's rendezvous) before anything is
-        there to save: a stop during it ends the process at once, with the line a stop prints."""
-        self._at_once = True  # then the check: a stop the thread saw before this line is honoured here
-        try:
-            self.check()
-            yield
-        finally:
-            self._at_once = False
-        self.check()
 
     def wait(self, seconds: float) -> bool:
         """Waits up to `seconds` for a stop request; True if there is one."""
@@ -107,7 +89,7 @@ class StopRequest:
                 if first is None:
                     first = time.monotonic()
                     self.ask(signum)
-                    if self._at_once:
+                    if self.at_once:
                         _end_now(f"stopped by {signal.Signals(signum).name}", 128 + signum)
                 elif signum == signal.SIGINT and time.monotonic() - first >= SAME_STOP:
                     _end_now("a second Ctrl-C: ending now", 128 + signum)

@@ -81,7 +81,7 @@ class InProcessPool:
         self.replies: dict[int, Any] = {}
 
     def hello(self, timeout: float) -> tuple:
-        return hello(self.envs, full=True)
+        return hello(self.envs)
 
     def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
         buffer = bytearray(size)
@@ -145,11 +145,10 @@ class WorkerPool:
         return list(range(self.slices[w].start, self.slices[w].stop))
 
     def hello(self, timeout: float) -> tuple:
-        """Every env's space keys, env 0's spaces (None: big ones are rebuilt from their keys), metadata and render
-        mode (worker.hello)."""
+        """Every env's spaces, env 0's metadata and render mode (worker.hello)."""
         self._collect_or_raise(timeout)
         replies = [self.replies.pop(w) for w in range(len(self.slices))]
-        return [key for reply in replies for key in reply[0]], *replies[0][1:]
+        return [spaces for reply in replies for spaces in reply[0]], *replies[0][1:]
 
     def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
         """Maps one shared block of `size` bytes here and in every worker (each writes its own rows)."""

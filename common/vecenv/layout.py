@@ -1,21 +1,12 @@
-"""Where SubprocVecEnv's envs step by default (num_workers=None): decided the same way on a busy minute and a quiet
-one, without running env code in the calling process.
+"""Where SubprocVecEnv's envs step by default: in the calling process only where they can neither hang nor kill it
+and are faster there, else in workers; decided alike on a busy minute and a quiet one, no env code run here.
 
-The rule: the envs step in the calling process only where they can neither hang it nor kill it, and are faster
-there; every other env gets workers, where every wait is bounded and a crash is named (or restarted).
-
-1. `probe` builds one env in a probe process of its own and says where its classes come from. Only gymnasium's own
-   pure-Python envs (classic control, toy text) under gymnasium's wrappers are TRUSTED.
-2. A trusted env's steps are timed there in CPU time, each beside a fixed piece of Python work (`reference_work`), and
-   counted in units of that work: a busy machine slows both alike. If what workers would save on a step of all n envs,
-   units * (n - ceil(n / w)) with w = min(cores, n), is under ROUND_TRIP (what a step of w workers costs beyond their
-   envs' work, measured by benchmarks/layout_thresholds.py), the envs step here; else in w workers. Past STEP_DECIDE
-   seconds of timing, workers.
-3. Any other env, and an env the probe cannot build or step: workers, one per core, which report a real failure as a
-   WorkerError naming the env.
-
-The probe is bounded like a wait on a worker from the moment it starts building, imports neither the main script nor
-torch, and ends with any process its env started.
+`probe` builds one env in a process of its own (bounded, importing neither the main script nor torch, ending with what
+the env started). Only gymnasium's own pure-Python envs under gymnasium's wrappers are TRUSTED: their steps are timed
+there in CPU time, each beside a fixed piece of work (`reference_work`), and counted in units of it (a busy machine
+slows both alike). `decide`: if what w = min(cores, n) workers save on a step of n envs, units * (n - ceil(n / w)), is
+under ROUND_TRIP (what a step of workers costs beyond their envs' work: benchmarks/layout_thresholds.py), this
+process; else w workers, as for any other env, or one the probe cannot build (the workers then report why).
 """
 
 from __future__ import annotations
@@ -65,16 +56,13 @@ probe_main(data)
 
 
 class ProbeFailed(Exception):
-    """The probe could not build or step the env: `phase` (start, make, reset, step) and `summary` say how."""
+    """The probe could not build or step the env: `phase` (start, make, reset, step; api: gym's old API) and `summary`
+    say how."""
 
     def __init__(self, phase: str, summary: str):
         super().__init__(f"{summary} during '{phase}'")
         self.phase, self.summary = phase, summary.strip().splitlines()[0] if summary.strip() else summary
         self.done = {"make": "built", "start": "built", "reset": "reset", "step": "stepped"}.get(phase, phase)
-
-
-class OldApi(Exception):
-    """The env answers as gym before 0.26 did: reset without seed, or returning an observation alone; a 4-tuple step."""
 
 
 def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
@@ -88,7 +76,7 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None,
     "trusted", "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference" (reference_work()'s CPU
     seconds)}. ProbeFailed if env code raised or the probe died; WorkerTimeout (naming env `index`) past `bound`
     seconds of building; the interrupt's exception (SubprocVecEnv's `interrupt`). With `check_api`, the env is also
-    reset and stepped once (OldApi for gym's old API)."""
+    reset and stepped once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
             "registry": _registry(), "trusted": TRUSTED, "check_api": check_api}  # fmt: skip
@@ -115,8 +103,6 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None,
             kind, value = pickle.loads(msg)
             if kind == "error":
                 raise ProbeFailed(value[1], value[2])
-            if kind == "old api":
-                raise OldApi(value)
             if kind == "ready":  # started: from now on the env's own work is timed
                 phase, deadline = "make", time.monotonic() + bound
             elif kind == "made" and steps and value["trusted"]:
@@ -195,7 +181,7 @@ def probe_main(data: dict) -> None:
             phase = "reset"
             old = _old_api(env)
             if old:
-                conn.send(pickle.dumps(("old api", old)))
+                conn.send(pickle.dumps(("error", (0, "api", old, ""))))
                 os._exit(0)
             phase = "make"
         conn.send(pickle.dumps(("made", found), pickle.HIGHEST_PROTOCOL))
@@ -276,19 +262,14 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[
 
 
 def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
-    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv: ...)"."""
-    text = f"{plural(n, 'env')} in " + ("this process" if num_workers == 0 else plural(num_workers, "worker process"))
-    notes = []
+    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv; one step ...; ...)"."""
+    notes, step, env = [], figures.get("step"), (figures.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
     if figures.get("origin"):
-        env = figures["origin"][-1].rsplit(".", 1)[-1]
         notes.append(f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs")
-    if figures.get("step") is not None and math.isfinite(figures["step"]):
-        notes.append(
-            f"one step {figures['step'] * 1e6:.0f} us of CPU in a probe process, "
-            f"{figures['step'] / figures['reference']:.2f} units of reference work timed beside it"
-        )
-    elif figures.get("step") is not None:
-        notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
-    if figures.get("why"):
-        notes.append(figures["why"])
-    return text + (f" ({'; '.join(notes)})" if notes else "")
+    if step is not None:
+        notes.append(f"one step {step * 1e6:.0f} us of CPU in a probe process, {step / figures['reference']:.2f} units "
+                     "of reference work timed beside it" if math.isfinite(step) else
+                     f"a step took over {STEP_DECIDE:g} s in a probe process")  # fmt: skip
+    notes += [figures["why"]] if figures.get("why") else []
+    where = "this process" if num_workers == 0 else plural(num_workers, "worker process")
+    return f"{plural(n, 'env')} in {where}" + (f" ({'; '.join(notes)})" if notes else "")

@@ -3,7 +3,6 @@ ending a worker with the helpers its envs started, and saying how a process ende
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import multiprocessing as mp
 import os
@@ -59,30 +58,6 @@ def ignore_stop_signals() -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-def check_main_guard(context: str) -> None:
-    """RuntimeError before any worker starts when the main script's top-level code builds a SubprocVecEnv outside
-    `if __name__ == "__main__":` under a start method whose workers import that script again: each would build one."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if context == "fork" or path is None or getattr(mp.current_process(), "_inheriting", False):
-        return
-    frame = sys._getframe(1)
-    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
-        frame = frame.f_back
-    try:
-        tree = ast.parse(open(path, encoding="utf-8").read()) if frame is not None else None
-    except (OSError, SyntaxError, ValueError):
-        return
-    tests = ('__name__ == "__main__"', '"__main__" == __name__', "__name__ == '__main__'", "'__main__' == __name__")
-    guards = [n for n in ast.walk(tree or ast.Module()) if isinstance(n, ast.If) and ast.unparse(n.test) in tests]
-    if tree is None or any(g.body[0].lineno <= frame.f_lineno <= g.body[-1].end_lineno for g in guards):
-        return
-    name = os.path.basename(path)
-    raise RuntimeError(f"{name}, line {frame.f_lineno}: this top-level code builds a SubprocVecEnv, and every worker "
-                       f"process imports {name} again under the {context!r} start method, so each would build one too. "
-                       'Put that code under `if __name__ == "__main__":` (or pass context="fork")')  # fmt: skip
 
 
 def cores() -> int:

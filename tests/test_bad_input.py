@@ -33,8 +33,17 @@ def write_files(folder):
     records.save_checkpoint(folder / "incomplete.pt", state)  # no "args"
     whole = (folder / "ppo_atari_multigpu.pt").read_bytes()
     (folder / "truncated.pt").write_bytes(whole[: len(whole) // 2])  # a save cut short (the disk filled, a kill)
+    (folder / "tail_cut.pt").write_bytes(whole[: len(whole) * 9 // 10])  # torch says "Invalid argument" there
+    torch.save({"script": "ppo_vec.py", "args": {}, "model": Planted()}, folder / "planted.pt")
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
     return folder
+
+
+class Planted:
+    """What a tampered checkpoint may hold: loading it would run code (weights_only refuses it)."""
+
+    def __reduce__(self):
+        return print, ("this ran",)
 
 
 CASES = [
@@ -43,7 +52,15 @@ CASES = [
     (ATARI, ["--eval-checkpoint", "ppo_vec.pt"], "was written by ppo_vec.py; ppo_atari_multigpu.py reads only its own"),
     (VEC, ["--resume", "notes.txt"], "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)"),
     (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
-    (ATARI, ["--resume", "truncated.pt"], "--resume truncated.pt: not a readable checkpoint ("),
+    (ATARI, ["--resume", "truncated.pt"], "--resume truncated.pt: not a readable checkpoint (it is cut short or"),
+    (ATARI, ["--resume", "tail_cut.pt"], "--resume tail_cut.pt: not a readable checkpoint (it is cut short or"),
+    (VEC, ["--eval-checkpoint", "planted.pt"], "not a readable checkpoint (it holds objects no checkpoint of this"),
+    (VEC, ["--num-threads", "0"], "--num-threads must be >= 1, got 0"),
+    (VEC, ["--resume", "ppo_vec.pt", "--eval-checkpoint", "ppo_vec.pt"], "--resume trains a run on, --eval-checkpoint "
+     "evaluates one: give one of them"),
+    (VEC, ["--eval-checkpoint", "ppo_vec.pt", "--eval-episodes", "0"], "--eval-episodes must be >= 1 with "
+     "--eval-checkpoint, got 0"),
+    (VEC, ["--seed", str(2**32)], "--seed must be in [0, 2**32), got 4294967296"),
     (VEC, ["--resume", "missing.pt"], "--resume missing.pt: no such file"),
     (VEC, ["--resume", "ppo_vec.pt"],
      "--resume ppo_vec.pt holds no optimizer and no reward_scaler and no obs_normalizer and no rng: not a whole"),
@@ -64,7 +81,7 @@ CASES = [
     (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari id (try BreakoutNoFrameskip-v4)"),
     (VEC, ["--step-timeout", "inf"], "--step-timeout must be a finite number, got inf"),
     (ATARI, ["--step-timeout", "1e300"], "--step-timeout must be in (0, 604800] seconds"),
-    (VEC, ["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (VEC, ["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
     (VEC, ["--ent-coef", "nan"], "--ent-coef must be a finite number, got nan"),
     (ATARI, ["--learning-rate", "-inf"], "--learning-rate must be a finite number, got -inf"),
     (VEC, ["--exp-name", "../elsewhere"], "--exp-name must be a plain name (no '/', not '.' or '..'), got ../else"),

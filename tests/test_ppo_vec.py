@@ -294,6 +294,18 @@ def test_an_env_whose_close_raises_does_not_stop_the_run(tmp_path):
 
 
 @pytest.mark.e2e
+def test_help_into_a_pipe_closed_early_ends_quietly():
+    """`ppo_vec.py --help | head -n 2`: the reader leaves once its lines came (more than a pipe's first write); the
+    script ends without a BrokenPipeError."""
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, str(VEC), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, COLUMNS="40"))  # fmt: skip (11 kB of help: two writes)
+        proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=60) in (0, 1) and b"BrokenPipe" not in proc.stderr.read()
+
+
+@pytest.mark.e2e
 def test_help_opens_with_the_description_and_commands_and_documents_every_flag():
     env = dict(os.environ, COLUMNS="200")
     out = subprocess.run([sys.executable, str(VEC), "--help"], capture_output=True, text=True, timeout=60, env=env)

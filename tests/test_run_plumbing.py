@@ -18,6 +18,7 @@ import torch
 
 from common.run import errors, flags, records, run
 from common.run.errors import FlagError
+from common.vecenv import layout
 from tests.envs import HangsWhenBuilt, failing_factory
 from tests.helpers import REPO, run_command, run_program, start_program
 
@@ -40,7 +41,7 @@ class Flags:
         ({"gamma": float("nan")}, [], "--gamma must be a finite number, got nan"),
         ({"target_kl": float("inf")}, [], "--target-kl must be a finite number, got inf"),
         ({"gamma": 1.5}, [], "--gamma must be in (0, 1], got 1.5"),
-        ({"seed": -1}, [], "--seed must be >= 0, got -1"),
+        ({"seed": -1}, [], "--seed must be in [0, 2**32), got -1"),
         ({"exp_name": "a/b"}, [], "--exp-name must be a plain name (no '/', not '.' or '..'), got a/b"),
         ({"exp_name": ".."}, [], "--exp-name must be a plain name"),
         ({"exp_name": "x" * 250}, [], "--exp-name must be at most 200 bytes (it names a folder with the env id"),
@@ -99,6 +100,17 @@ def test_check_env_id(tmp_path, monkeypatch):
         f"it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: run from the folder",
     ):
         flags.check_env_id("my_envs:MyEnv-v0")
+
+
+def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch):
+    """An import in the probe's own start that fails (a copy of the package broken, say): the line says the probe
+    could not start, with its error, and does not blame the env."""
+    monkeypatch.setattr(layout, "_BOOT", layout._BOOT.replace("import probe_main", "import no_such_name"))
+    with pytest.raises(FlagError) as info:
+        flags.probe_env("CartPole-v1", lambda: gym.make("CartPole-v1"), 60)
+    assert str(info.value).startswith("--env-id CartPole-v1: the process that builds it to look at it could not start "
+                                      "(the probe process ended (exit code 1: ImportError: cannot import name "
+                                      "'no_such_name'")  # fmt: skip
 
 
 def test_probe_env_builds_the_env_elsewhere_and_says_why_it_cannot():

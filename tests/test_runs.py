@@ -147,6 +147,29 @@ def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reuse
                                 "for)")  # fmt: skip
 
 
+def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked(tmp_path):
+    """A run made under torchrun with 2 ranks has other iterations than a plain one, and resumes only with 2 ranks:
+    another run. A folder a killed start left with args.json alone is removed, and its run starts anew (one folder);
+    records edited by hand (a string where a number was) are not read as numbers."""
+    runs_dir = tmp_path / "runs"
+    ranked = write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=1000)
+    records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"world_size": 2})
+    run = runs.Run(str(tmp_path / "s.py"), "CartPole-v1", 1, "exp", ["--total-timesteps", "1000"], str(tmp_path))
+    assert run.command()[1] == ("start (a new run: CartPole-v1__exp__1__1 was made with other flags: torchrun ranks 2 "
+                                "there, 1 here)")  # fmt: skip
+    records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"world_size": 1,
+                       "steps_per_iteration": "100", "total_timesteps": "1000"})  # fmt: skip
+    assert run.command()[1].startswith("start (a new run: CartPole-v1__exp__1__1 was made with other flags: "
+                                       "--total-timesteps not recorded")  # fmt: skip
+    records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"total_timesteps": 1000})
+    (ranked / "checkpoint.pt").unlink()
+    (ranked / "summary.json").unlink()
+    (tmp_path / "s.py").write_text("")  # the script: it does nothing, and ends
+    outcome = runs.RunJob()(run)
+    assert outcome["did"] == "start (its earlier start saved nothing)" and outcome["exit"] == 0
+    assert not ranked.exists()
+
+
 def test_one_writer_per_run_folder(tmp_path):
     assert records.writer(tmp_path) is None
     records.hold(tmp_path)
@@ -181,7 +204,9 @@ def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tm
     assert "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
     assert "- CartPole-v1 seed 2: unreadable: its events end at step 500, its summary at 1000" in text
     assert "- CartPole-v1 seed 3: unfinished: stopped by SIGTERM at 46%" in text
-    assert "- CartPole-v1 seed 4: missing" in text and "- CartPole-v1 seed 5: missing" in text
+    assert "- CartPole-v1 seed 4: missing\n" in text
+    assert ("- CartPole-v1 seed 5: missing; CartPole-v1__exp__5__1 was made with other flags: --learning-rate 0.5 "
+            "there, 0.001 here") in text  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------- the records
@@ -302,8 +327,9 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
 @pytest.mark.e2e
 def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     """While a run trains, resuming it elsewhere is refused in one line naming its process; a sweep killed with
-    SIGKILL takes its runs with it (they stop, and save)."""
-    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "100000"]
+    SIGKILL takes its runs with it (they stop, and save), and the same sweep run again at once waits for them to end,
+    then resumes them to their end."""
+    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "12800"]
     flags += ["--checkpoint-interval", "1"]
     cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", "CartPole-v1", *flags]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,
@@ -323,9 +349,13 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     deadline = time.monotonic() + 30
     while any(alive(pid) for pid in writers) and time.monotonic() < deadline:
         time.sleep(0.1)
+    again = run_command(cmd, tmp_path, timeout=300, extra_env={"PYTHONPATH": str(REPO)})  # at once: they may save
     assert not any(alive(pid) for pid in writers), "the runs outlived their sweep"
     statuses = [json.loads((folder / "summary.json").read_text())["status"] for folder in folders]
-    assert statuses == ["stopped by SIGTERM"] * 2
+    assert again.returncode == 0 and again.stdout.count(": resume, exit 0, status done") == 2, again.stdout
+    assert statuses == ["done"] * 2 and sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*")) == folders
+    resumed = [json.loads((folder / "args.json").read_text())["resumes"] for folder in folders]
+    assert all(len(resumes) == 1 for resumes in resumed)  # each stopped once by its sweep's death, and resumed
 
 
 @pytest.mark.e2e
@@ -345,14 +375,17 @@ def test_two_sweeps_never_train_one_run_twice_and_ctrl_c_stops_a_sweep(tmp_path)
         time.sleep(0.1)  # its run trains
     said = done[0].communicate(timeout=10)[0]
     assert "CartPole-v1 seed 1: run by another sweep (process" in said and ": skipped" in said, said
+    assert done[0].returncode == 1 and "unfinished: CartPole-v1 seed 1 (run by another sweep (process" in said
     assert len(list((tmp_path / "runs").glob("CartPole-v1__*"))) == 1
     os.killpg(waiting.pid, signal.SIGINT)  # Ctrl-C in the sweep's terminal
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 130 and "Traceback" not in err, err
-    assert out.splitlines()[-1] == ("stopped by SIGINT: the runs under way saved their last iteration; the same "
-                                    "command resumes them and starts the rest")  # fmt: skip
     (folder,) = (tmp_path / "runs").glob("CartPole-v1__*")
-    assert json.loads((folder / "summary.json").read_text())["status"] == "stopped by SIGINT"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "stopped by SIGINT" and out.splitlines()[-1] == "stopped by SIGINT"
+    saved = f"saved at iteration {summary['checkpoint_iteration']}" if summary["checkpoint"] else "nothing saved"
+    assert out.splitlines()[-2] == (f"unfinished: CartPole-v1 seed 1 (stopped by SIGINT, {saved}); the same command "
+                                    "resumes what was saved and starts the rest")  # fmt: skip
 
 
 @pytest.mark.e2e

@@ -32,7 +32,7 @@ def plain_name(name: str) -> bool:
 SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("exp_name", plain_name, "a plain name (no '/', not '.' or '..')"),
     ("exp_name", lambda v: len(v.encode()) <= 200, "at most 200 bytes (it names a folder with the env id and seed)"),
-    ("seed", lambda v: v >= 0, ">= 0"),
+    ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("num_steps", lambda v: v >= 1, ">= 1"),
     ("num_minibatches", lambda v: v >= 1, ">= 1"),
     ("update_epochs", lambda v: v >= 1, ">= 1"),

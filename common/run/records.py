@@ -64,7 +64,8 @@ def writer(run_dir: Path) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        return int(os.read(fd, 32).split()[0] or 0) or -1
+        pid = os.read(fd, 32).split()[:1]
+        return int(pid[0]) if pid and pid[0].isdigit() else -1  # -1: held, by a process that wrote no pid
     finally:
         os.close(fd)
 
@@ -86,7 +87,7 @@ def hold(run_dir: Path) -> None:
     _held.append(fd)
 
 
-def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None = None) -> Path:
+def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None = None, world_size: int = 1) -> Path:
     """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken) with its args.json;
     RunError in one line if it cannot be made here."""
     base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -99,7 +100,7 @@ def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None 
             except FileExistsError:
                 continue
             hold(path)
-            write_args(path, args, steps_per_iteration=steps_per_iteration)
+            write_args(path, args, steps_per_iteration=steps_per_iteration, world_size=world_size)
             return path
     except OSError as exc:  # read-only, full, or `runs` is a file
         why = "a file of that name is in the way" if os.path.isfile(root) else exc.strerror
@@ -108,15 +109,16 @@ def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None 
     raise RunError(f"no free run folder name under {root}/{base}")
 
 
-def write_args(run_dir: Path, args: Any, resumed: dict | None = None, steps_per_iteration: int | None = None) -> None:
+def write_args(run_dir: Path, args: Any, resumed: dict | None = None, steps_per_iteration: int | None = None,
+               world_size: int = 1) -> None:  # fmt: skip
     """args.json: the flags the run is trained with, the script's defaults and the fields its first command line
-    gave (together, what it was asked for: its identity to a sweep), the steps of one iteration, and each resume:
-    when, from which iteration and step, and which flags it changed."""
+    gave (together, what it was asked for: its identity to a sweep), its ranks and the steps of one iteration of them
+    all, and each resume: when, from which iteration and step, and which flags it changed."""
     path = run_dir / "args.json"
     flags = dataclasses.asdict(args)
     record = {"script": Path(sys.argv[0]).name, **flags, "defaults": dataclasses.asdict(type(args)()),
-              "given": sorted(given_fields(type(args))), "steps_per_iteration": steps_per_iteration,
-              "resumes": []}  # fmt: skip
+              "given": sorted(given_fields(type(args))), "world_size": world_size,
+              "steps_per_iteration": steps_per_iteration, "resumes": []}  # fmt: skip
     if resumed is not None:
         earlier = read_json(path) or {}
         earlier = earlier if isinstance(earlier, dict) else {}
@@ -198,8 +200,8 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated, corrupted or foreign files all get the same clear error
-        reason = "its end is missing: a copy cut short, or damaged" if "central directory" in str(exc) else (
-            (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])  # fmt: skip
+        reason = ("it holds objects no checkpoint of this project holds, and they were not loaded: only resume what "
+                  "you wrote" if "Weights only load failed" in str(exc) else "it is cut short or damaged")  # fmt: skip
         raise FlagError(f"{flag_name} {path}: not a readable checkpoint ({reason})") from None
     written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if written_by != script:

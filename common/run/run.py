@@ -104,7 +104,7 @@ class Run:
                 raise TypeError(f"run.start(): {name} has no state_dict() and is no random generator")
         earlier = self._resume() if self.args.resume is not None else {}
         if self.is_main and self.args.resume is None:
-            self.dir = records.make_run_dir(self.args, steps_per_iteration=steps_per_iteration)
+            self.dir = records.make_run_dir(self.args, "runs", steps_per_iteration, self.world_size)
         first = (self.start_iteration - 1) * steps_per_iteration
         self.progress = Progress(num_iterations * steps_per_iteration, first, self.is_main,
                                  (self.checkpoint or {}).get("recent_returns", []), earlier)  # fmt: skip
@@ -170,8 +170,11 @@ class Run:
         self.dir = Path(path).parent
         records.hold(self.dir)
         earlier = records.read_json(self.dir / "summary.json") or {}
+        if (self.dir / "args.json").exists() and records.read_json(self.dir / "args.json") is None:
+            print(f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew from the checkpoint",
+                  flush=True)  # fmt: skip
         try:
-            records.write_args(self.dir, self.args, checkpoint, self.steps)
+            records.write_args(self.dir, self.args, checkpoint, self.steps, self.world_size)
         except OSError as exc:
             raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
         return earlier
@@ -342,12 +345,15 @@ class Run:
             flags.check_bool_values(args_type, sys.argv[1:])
             try:
                 args = tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2]))
-            except SystemExit:
+            except (SystemExit, BrokenPipeError) as exc:  # --help (tyro exits), maybe into `| head`, gone since
                 try:
                     sys.stdout.flush()
-                except BrokenPipeError:  # `--help | head`: the reader is gone, and the exit must not complain
+                    gone = isinstance(exc, BrokenPipeError)
+                except BrokenPipeError:
+                    gone = True
+                if gone:  # the reader left: what it did not read goes nowhere, and the exit does not complain
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                raise
+                raise SystemExit(0) if gone else exc from None
             main(args)
         except Finished as exc:
             if rank == 0:
@@ -394,8 +400,9 @@ class Progress:
         self.last_step, self.first_step, self.global_step, self.speaks = last_step, first_step, first_step, speaks
         self.recent_returns = collections.deque(recent or [], maxlen=20)
         self.start = self.last_print = time.time()
-        self.every, self.earlier_seconds = every, (earlier or {}).get("seconds", 0.0)
-        self.segments = earlier.get("segments", 1) + 1 if earlier else 1
+        earlier = {k: v for k, v in (earlier or {}).items() if type(v) in (int, float)}  # a summary edited by hand
+        self.every, self.earlier_seconds = every, earlier.get("seconds", 0.0)
+        self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
 
     def sps(self, global_step: int) -> int:
         return int((global_step - self.first_step) / max(time.time() - self.start, 1e-9))

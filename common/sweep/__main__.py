@@ -49,19 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if not args.report_only:
         STOP.install()
-        start = time.time()
+        start, unfinished = time.time(), []
         for outcome in run_all(runs, args):
             summary = outcome["summary"] or {}
             mean = summary.get("episodic_return_last_20")
-            shown = "n/a" if mean is None else f"{mean:.1f}"
+            shown = f"{mean:.1f}" if isinstance(mean, (int, float)) else "n/a"
             print(f"{outcome['run']}: {outcome['did']}, exit {outcome['exit']}, status {summary.get('status', '?')}, "
                   f"last-20 return {shown}, {outcome['folder']}", flush=True)  # fmt: skip
             status = status or (outcome["exit"] not in (0, None))
+            if summary.get("status") != "done":
+                saved = summary.get("checkpoint_iteration")
+                what = f"{summary['status']}, {f'saved at iteration {saved}' if saved is not None else 'nothing saved'}"
+                unfinished.append(f"{outcome['run']} ({what if summary else outcome['did']})")
         print(f"{len(runs)} runs in {time.time() - start:.0f} s", flush=True)
+        if unfinished:
+            print(f"unfinished: {', '.join(unfinished)}; the same command resumes what was saved and starts the rest",
+                  flush=True)  # fmt: skip
         if STOP.signum is not None:
-            print(f"stopped by {signal.Signals(STOP.signum).name}: the runs under way saved their last iteration; the "
-                  "same command resumes them and starts the rest", flush=True)  # fmt: skip
+            print(f"stopped by {signal.Signals(STOP.signum).name}", flush=True)
             return 128 + STOP.signum
+        status = status or bool(unfinished)
     if args.report or args.report_only:
         print("\n".join(report(runs, args.report or Path("report"))), flush=True)
     return int(status)

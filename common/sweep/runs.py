@@ -7,9 +7,11 @@ import argparse
 import dataclasses
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,9 @@ class Run:
             return {"args.json": (None, None)}
         asked = self.asked(saved)
         found = records.differing(asked, asked_of(saved))
-        reached = (records.read_json(folder / "summary.json") or {}).get("global_step", 0)
+        if saved.get("world_size", 1) != 1:  # torchrun's ranks: other iterations, and a resume needs as many
+            found["ranks"] = (1, saved["world_size"])
+        reached = number((records.read_json(folder / "summary.json") or {}).get("global_step"))
         if (total := asked.get("total_timesteps")) is not None and (why := other_length(total, saved, reached)):
             found["total_timesteps"] = (total, why)
         return found
@@ -85,15 +89,16 @@ class Run:
             found = self.differences(other[-1])
             if "args.json" in found:
                 return cmd, f"start (a new run: {other[-1].name} has no args.json telling what it was asked for)"
-            shown = ", ".join(f"{flag(name)} {theirs} there, {ours} here" for name, (ours, theirs) in found.items())
-            return cmd, f"start (a new run: {other[-1].name} was made with other flags: {shown})"
+            return cmd, f"start (a new run: {other[-1].name} was made with other flags: {shown(found)})"
         pid = records.writer(folder)
         if pid is not None:
             return [], f"running in process {pid}: skipped"
         if not (folder / "checkpoint.pt").exists():
-            return cmd, "start (its earlier start saved nothing)"
+            logged = any(folder.glob("events.*"))
+            return cmd, "start (a new run: its earlier start logged but saved nothing)" if logged else (
+                "start (its earlier start saved nothing)")  # fmt: skip
         summary, saved = records.read_json(folder / "summary.json") or {}, records.read_json(folder / "args.json")
-        total, trained = self.asked(saved).get("total_timesteps"), saved.get("total_timesteps", 0)
+        total, trained = self.asked(saved).get("total_timesteps"), number(saved.get("total_timesteps"))
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
             return resume, "resume"
@@ -103,11 +108,22 @@ class Run:
         return resume, f"extend (from {steps[0]} to {steps[1]} steps: no schedule spans it)"
 
 
+def shown(found: dict[str, tuple[Any, Any]]) -> str:
+    """The flags a run was made with, against those asked: "--gamma 0.99 there, 0.95 here"."""
+    return ", ".join(f"{'torchrun ranks' if name == 'ranks' else flag(name)} {theirs} there, {ours} here"
+                     for name, (ours, theirs) in found.items())  # fmt: skip
+
+
+def number(value: Any) -> int | float:
+    """A figure a record gives, 0 where it gives none (or something else: a file edited by hand)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
 def ends_at(total: int, saved: dict[str, Any]) -> int:
     """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps (whole iterations;
     `total` itself for a record that does not give the size)."""
-    steps = saved.get("steps_per_iteration")
-    return total // steps * steps if steps else total
+    steps = number(saved.get("steps_per_iteration"))
+    return total // steps * steps if steps > 0 else total
 
 
 def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
@@ -115,12 +131,12 @@ def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
     it (None: it is, once resumed to `total`), said as its --total-timesteps: with a SCHEDULED flag on, it was made for
     another number of iterations, or a resume changed that number; else it is past the steps asked."""
     trained = saved.get("total_timesteps")
-    if trained is None:
+    if not isinstance(trained, int):
         return "not recorded"
     if records.scheduled(saved):
-        stretched = [change for resume in saved.get("resumes", [])
-                     if (change := resume.get("changed", {}).get("total_timesteps"))
-                     and ends_at(change[0], saved) != ends_at(change[1], saved)]  # fmt: skip
+        stretched = [change for resume in saved.get("resumes", []) if isinstance(resume, dict)
+                     and (change := resume.get("changed", {}).get("total_timesteps"))
+                     and ends_at(number(change[0]), saved) != ends_at(number(change[1]), saved)]  # fmt: skip
         if stretched:
             return f"{stretched[0][0]} made {stretched[0][1]} by a resume (--anneal-lr's schedule changed midway)"
         if ends_at(trained, saved) == ends_at(total, saved):
@@ -202,6 +218,7 @@ class Stop:
 
 
 STOP = Stop()
+WAIT = 150.0  # seconds a sweep waits for a run still saving after its sweep was killed (the scripts stop within 120)
 
 
 class RunJob:
@@ -229,6 +246,12 @@ class RunJob:
             held.write(str(os.getpid()))
             held.flush()
             cmd, outcome["did"] = run.command()
+            deadline = time.monotonic() + WAIT
+            while not cmd and outcome["did"].startswith("running in process") and time.monotonic() < deadline:
+                time.sleep(0.5)  # a run of a sweep killed a moment ago is saving: its end is bounded (STOP_WITHIN)
+                cmd, outcome["did"] = run.command()
+            if outcome["did"] == "start (its earlier start saved nothing)":
+                shutil.rmtree(run.folder())  # it holds args.json alone: the run starts in a folder of its own
             if cmd:
                 outcome["exit"] = self._run(run, cmd)
         folder = run.folder()

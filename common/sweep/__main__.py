@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             status = status or (outcome["exit"] not in (0, None))
             if summary.get("status") != "done":
                 saved = summary.get("checkpoint_iteration")
-                what = f"{summary['status']}, {f'saved at iteration {saved}' if saved is not None else 'nothing saved'}"
-                unfinished.append(f"{outcome['run']} ({what if summary else outcome['did']})")
+                what = f"saved at iteration {saved}" if saved is not None else "nothing saved"
+                unfinished.append(f"{outcome['run']} ({summary['status']}, {what})" if "status" in summary else
+                                  f"{outcome['run']} ({outcome['did']})")  # fmt: skip
         print(f"{len(runs)} runs in {time.time() - start:.0f} s", flush=True)
         if unfinished:
             print(f"unfinished: {', '.join(unfinished)}; the same command resumes what was saved and starts the rest",

@@ -97,8 +97,16 @@ class _StatePickler(pickle.Pickler):
             return _new_atari, (obj._ezpickle_args, obj._ezpickle_kwargs), state, None, None, _set_atari
         if isinstance(obj, EzPickle):
             return copyreg.__newobj__, (type(obj),), vars(obj), None, None, _set_dict
-        return getattr(super(), "reducer_override", lambda obj: NotImplemented)(obj)
+        return NotImplemented
 
 
-class _CloudStatePickler(_StatePickler, cloudpickle.Pickler):
+class _CloudStatePickler(cloudpickle.Pickler):
     """_StatePickler with cloudpickle's reach: functions and classes defined at run time, pickled by value."""
+
+    def __init__(self, file: io.BytesIO, ale_owners: dict[int, Any]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.ale_owners = ale_owners
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = _StatePickler.reducer_override(self, obj)
+        return super().reducer_override(obj) if reduced is NotImplemented else reduced

@@ -78,14 +78,14 @@ def test_ctrl_c_to_a_two_rank_job_saves_and_resumes_into_the_run_of_its_seed(tmp
     """Ctrl-C in a terminal: SIGINT to the launcher and both ranks at once (the launcher forwards its own a moment
     later). Each rank stops once, rank 0 saves every rank's state, and the job resumed ends as the job never stopped."""
     extra = ["--save-model", "--eval-episodes", "0"]
-    args = [*ATARI_TINY, "--total-timesteps", "1280", *extra]  # 40 x 32 global steps
+    args = [*ATARI_TINY, "--total-timesteps", "640", *extra]  # 20 x 32 global steps
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):
         cwd.mkdir()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
     out = run_command([*torchrun, *args], full, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    proc = start_torchrun(stopped, extra, total=1280)
+    proc = start_torchrun(stopped, extra, total=640)
     start = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group: launcher, ranks, their helpers
     _, stderr = proc.communicate(timeout=60)

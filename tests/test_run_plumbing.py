@@ -16,7 +16,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from common.run import errors, flags, records, run
+from common.run import errors, flags, records
 from common.run.errors import FlagError
 from common.vecenv import layout
 from tests.envs import HangsWhenBuilt, failing_factory
@@ -161,14 +161,14 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
 def test_progress_line_shows_elapsed_and_eta_as_hms(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = run.Progress(1_000_000, first_step=10_000, recent=[1.0, 2.0])
+    progress = records.Progress(1_000_000, first_step=10_000, recent=[1.0, 2.0])
     now[0] += 3725.0  # 1 h 2 min 5 s later, 372,500 steps done: 100 steps/s, 6175 s left
     line = progress.line(382_500, {"env": 0.5, "update": 0.25})
     assert line == (
         "global_step=382500/1000000 SPS=100 episodic_return=1.5 (last 2) elapsed=1:02:05 ETA=1:42:55 "
         "[env 0.50s, update 0.25s]"
     )
-    assert run.hms(0) == "0:00:00" and run.hms(86399) == "23:59:59"
+    assert records.hms(0) == "0:00:00" and records.hms(86399) == "23:59:59"
 
 
 def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):

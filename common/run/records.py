@@ -1,9 +1,11 @@
-"""What a run leaves in runs/<env>__<exp_name>__<seed>__<time>/, besides TensorBoard's events: args.json (the flags,
-the script's defaults, what its command line gave, each resume), .lock (held by the one process writing it),
-summary.json (how it ended) and checkpoint.pt (the state at an iteration boundary); and what a run is: its flags."""
+"""What a run leaves in runs/<env>__<exp_name>__<seed>__<time>/: args.json (the flags, the script's defaults, what its
+command line gave, each resume), .lock (held by the one process writing it), TensorBoard's events and the progress
+line (Progress), summary.json (how it ended) and checkpoint.pt (the state at an iteration boundary); and what a run
+is: its flags."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import fcntl
@@ -263,3 +265,90 @@ def load_state(obj: Any, state: Any, flag_name: str, path: str) -> None:
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise FlagError(f"{flag_name} {path} does not fit this run's {type(obj).__name__} ({reason})") from None
+
+
+# ---------------------------------------------------------------------------------- what a run says as it runs
+class Progress:
+    """SPS, the progress line (at most every `every` seconds, and at the last step), and the figures of a summary,
+    over every segment of a resumed run (`earlier`: its summary.json)."""
+
+    def __init__(self, last_step: int, first_step: int = 0, speaks: bool = True, recent: list | None = None,
+                 earlier: dict | None = None, every: float = 2.0):  # fmt: skip
+        self.last_step, self.first_step, self.global_step, self.speaks = last_step, first_step, first_step, speaks
+        self.recent_returns = collections.deque(recent or [], maxlen=20)
+        self.start = self.last_print = time.time()
+        earlier = {k: v for k, v in (earlier or {}).items() if type(v) in (int, float)}  # a summary edited by hand
+        self.every, self.earlier_seconds = every, earlier.get("seconds", 0.0)
+        self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
+        self.logged = False
+
+    def sps(self, global_step: int) -> int:
+        return int((global_step - self.first_step) / max(time.time() - self.start, 1e-9))
+
+    def mean_return(self) -> float | None:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    def line(self, global_step: int, timings: dict[str, float]) -> str:
+        sps, mean = self.sps(global_step), self.mean_return()
+        split = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items())
+        eta = hms((self.last_step - global_step) / max(sps, 1))
+        return (f"global_step={global_step}/{self.last_step} SPS={sps} episodic_return="
+                f"{'n/a' if mean is None else f'{mean:.1f}'} (last {len(self.recent_returns)}) elapsed="
+                f"{hms(time.time() - self.start)} ETA={eta} [{split}]")  # fmt: skip
+
+    def log(self, writer: Any, global_step: int, episodes: list, restarts: int, timings: dict[str, float]) -> None:
+        """charts/episodic_return and charts/episodic_length of each episode, charts/SPS, perf/{part}_seconds,
+        charts/worker_restarts; the progress line."""
+        self.global_step = global_step
+        for step, episodic_return, episodic_length in episodes:
+            self.recent_returns.append(float(episodic_return))
+            writer.add_scalar("charts/episodic_return", episodic_return, step)
+            writer.add_scalar("charts/episodic_length", episodic_length, step)
+        writer.add_scalar("charts/SPS", self.sps(global_step), global_step)
+        for name, seconds in timings.items():
+            writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
+        writer.add_scalar("charts/worker_restarts", restarts, global_step)
+        first, self.logged = not self.logged, True  # the first iteration's line says the run trains
+        if self.speaks and (first or time.time() - self.last_print >= self.every or global_step >= self.last_step):
+            self.last_print = time.time()
+            print(self.line(global_step, timings), flush=True)
+
+    def figures(self) -> dict[str, Any]:
+        seconds = self.earlier_seconds + time.time() - self.start
+        done = self.global_step - (0 if self.earlier_seconds else self.first_step)  # the steps of the time counted
+        return {"global_step": self.global_step, "last_step": self.last_step, "seconds": round(seconds, 1),
+                "sps": int(done / max(seconds, 1e-9)), "segments": self.segments,
+                "episodic_return_last_20": self.mean_return(),
+                "episodes_in_that_mean": len(self.recent_returns)}  # fmt: skip
+
+
+def hms(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class NoWriter:
+    """What ranks other than 0 log to: nothing."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
+    """TensorBoard's writer with the hyperparameters (mirrored to wandb with --track); a resumed run's curves go on from
+    `first_step`, without what its stopped part logged after its checkpoint."""
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=run_dir.name, monitor_gym=True, save_code=True)  # fmt: skip
+    from torch.utils.tensorboard import SummaryWriter
+
+    # max_queue: with the default of 10 pending events, add_scalar waits for the writer thread whenever it fills
+    writer = SummaryWriter(str(run_dir), max_queue=1000, purge_step=first_step + 1 if args.resume else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer

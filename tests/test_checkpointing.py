@@ -50,7 +50,7 @@ def write_checkpoint(path, **changes) -> str:
     """A checkpoint after 5 iterations of 32 steps of a run of this file (Flags, a Linear(2, 1), a generator)."""
     state = {"script": "test_checkpointing.py", "args": dataclasses.asdict(Flags()), "world_size": 1, "iteration": 5,
              "global_step": 160, "model": torch.nn.Linear(2, 1).state_dict(), "rng": [RNG], "env_states": [None],
-             "recent_returns": []} | changes  # fmt: skip
+             "torch_rng": [torch.get_rng_state()], "recent_returns": []} | changes  # fmt: skip
     records.save_checkpoint(path, state)
     return str(path)
 
@@ -156,7 +156,8 @@ def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
 
 def test_resume_refuses_other_ranks_other_sizes_and_says_when_a_run_is_finished(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = write_checkpoint(tmp_path / "checkpoint.pt", world_size=2, rng=[RNG, RNG], env_states=[None, None])
+    path = write_checkpoint(tmp_path / "checkpoint.pt", world_size=2, rng=[RNG, RNG], env_states=[None, None],
+                            torch_rng=[torch.get_rng_state()] * 2)  # fmt: skip
     with pytest.raises(FlagError, match=r"was written with 2 ranks; resume it with 2, not 1"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), rng=np.random.default_rng())
     path = write_checkpoint(tmp_path / "checkpoint.pt")
@@ -207,13 +208,14 @@ def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_d
             with torch.no_grad():
                 model.weight.add_(1.0)
             rng.random()
-        after_2, state_2 = model.weight.detach().clone(), rng.bit_generator.state
+        after_2, state_2, torch_2 = model.weight.detach().clone(), rng.bit_generator.state, torch.get_rng_state()
         with torch.no_grad():
             model.weight.add_(1.0)  # iteration 3's update, under way
-        rng.random()
+        rng.random(), torch.rand(3)  # (torch's own generator, as dropout draws from it: kept without asking)
         run.save()
         saved = torch.load(run.dir / "checkpoint.pt", weights_only=True)
         assert saved["iteration"] == 2 and saved["global_step"] == 64 and saved["rng"] == [state_2]
+        assert torch.equal(saved["torch_rng"][0], torch_2)
         assert torch.equal(saved["model"]["weight"], after_2)
         run.last = dict(run.last, iteration=3)
 

@@ -94,8 +94,12 @@ class Run:
 
         `state` is what a checkpoint holds and a resume puts back: objects with state_dict() and load_state_dict()
         (model, optimizer, normalizers: rank 0's) and numpy or torch random generators (every rank's). Whatever else
-        the loop must carry over a stop (a buffer, another generator) goes here too. A stop, an env failure or a lost
-        rank saves the state of the last iteration boundary; then summary.json and the closing line."""
+        the loop must carry over a stop (a buffer, another generator) goes here too; torch's own generators (dropout,
+        torch.randn) are kept without asking. A stop, an env failure or a lost rank saves the state of the last
+        iteration boundary; then summary.json and the closing line."""
+        state["torch_rng"] = torch.default_generator
+        if device.type == "cuda":
+            state["torch_cuda_rng"] = torch.cuda.default_generators[device.index or 0]
         self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps_per_iteration, state
         for name, obj in state.items():
             if not (hasattr(obj, "state_dict") or _per_rank(obj)):

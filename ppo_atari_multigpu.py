@@ -330,7 +330,8 @@ def main(args: Args) -> list[float] | None:
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
-                    run.stop_if_asked()
+                    if world_size == 1:  # (ranks agree after each rollout: not a collective per minibatch)
+                        run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]

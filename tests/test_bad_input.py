@@ -65,6 +65,8 @@ CASES = [
     (VEC, ["--resume", "ppo_vec.pt"],
      "--resume ppo_vec.pt holds no optimizer and no reward_scaler and no obs_normalizer and no rng: not a whole"),
     (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no args: not a whole checkpoint"),
+    (VEC, ["--eval-checkpoint", "ppo_vec.pt"], "--eval-checkpoint ppo_vec.pt holds no obs_normalizer: it was saved by "
+     "another version of ppo_vec.py"),
     (VEC, ["--eval-checkpoint", "ppo_vec.pt", "--env-id", "Acrobot-v1"], "a policy for CartPole-v1, not --env-id"),
     (ATARI, ["--capture-video", "True"], "--capture-video is a switch and takes no value (got 'True'): write"),
     (VEC, ["--norm-reward=false"], "--norm-reward is a switch and takes no value (got 'false')"),

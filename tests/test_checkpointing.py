@@ -51,7 +51,7 @@ def write_checkpoint(path, **changes) -> str:
     state = {"script": "test_checkpointing.py", "args": dataclasses.asdict(Flags()), "world_size": 1, "iteration": 5,
              "global_step": 160, "model": torch.nn.Linear(2, 1).state_dict(), "rng": [RNG], "env_states": [None],
              "torch_rng": [torch.get_rng_state()], "recent_returns": []} | changes  # fmt: skip
-    records.save_checkpoint(path, state)
+    records.save_checkpoint(path, {name: value for name, value in state.items() if value is not None})  # None: absent
     return str(path)
 
 
@@ -168,6 +168,17 @@ def test_resume_refuses_other_ranks_other_sizes_and_says_when_a_run_is_finished(
     with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_torch_generator_resumes_and_torchs_own_may_be_absent(tmp_path, monkeypatch):
+    """A torch.Generator given to run.start comes back as saved; a checkpoint without torch's own generator (written
+    on another kind of device: a CUDA run's has its CUDA generator, a CPU run's not) still resumes."""
+    monkeypatch.chdir(tmp_path)
+    saved = torch.Generator().manual_seed(3)
+    path = write_checkpoint(tmp_path / "checkpoint.pt", rng=[saved.get_state()], torch_rng=None)
+    restored = torch.Generator()
+    start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), rng=restored)
+    assert torch.equal(restored.get_state(), saved.get_state())
 
 
 @pytest.mark.parametrize(("field", "value"), [("rng", "garbage"), ("iteration", -5), ("global_step", 1.5),

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -246,6 +247,33 @@ def test_a_failing_rank_says_why_with_its_rank(tmp_path):
     line = next(line for line in stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: error: "))
     assert f"worker 0 (pid {worker}, envs [0, 1]) was killed by SIGKILL" in line
     assert "Traceback" not in stderr.split("ppo_atari_multigpu.py: rank 1: error")[0][-2000:]
+
+
+def test_a_rank_whose_peer_vanished_says_so_in_one_line_and_saves(tmp_path):
+    """Ranks a scheduler's own launcher started (no torchrun agent to end the job): rank 0 learns that rank 1 was
+    killed from its next collective, and says so in one line, saves the last boundary and exits 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, str(ATARI), *ATARI_TINY, "--total-timesteps", "10000000"],
+                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))  # fmt: skip
+    try:
+        next(line for line in ranks[0].stdout if line.startswith("global_step="))
+        ranks[1].kill()
+        _, stderr = ranks[0].communicate(timeout=60)
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert ranks[0].returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.startswith("ppo_atari_multigpu.py: rank 0: error: lost contact with another rank ("), stderr
+    assert "that rank's own message says why\nppo_atari_multigpu.py: failed: " in stderr
+    assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["world_size"] == 2
 
 
 def test_ranks_stop_and_save_when_their_launcher_dies(tmp_path):

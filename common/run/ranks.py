@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from . import stops
+from .errors import RunError
 from .run import Run
 from .stops import Stopped
 
@@ -37,6 +38,11 @@ class RankedRun(Run):
         try:
             with super().start(device, *args, **state) as writer:
                 yield writer
+        except Exception as exc:
+            if not self.lost_rank(exc):  # (asked before the group is gone)
+                raise
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise RunError(f"lost contact with another rank ({reason}); that rank's own message says why") from None
         finally:
             if self.distributed:
                 dist.destroy_process_group()
@@ -71,12 +77,16 @@ class RankedRun(Run):
     def _num_workers(self) -> int | None:
         return self.args.num_workers if self.args.num_workers is not None else self.cores
 
+    def _interrupt(self) -> Any:
+        return None if self.distributed else stops.request  # ranks stop together, at stop_if_asked: not mid-step
+
     def _gather(self, obj: Any) -> list:
+        """Every rank's `obj`, on rank 0 (which alone logs and saves); [] on the others."""
         if not self.distributed:
             return [obj]
-        gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, obj)
-        return gathered
+        gathered = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered or []
 
     def _gather_episodes(self, episodes: list, restarts: int) -> tuple[list, int]:
         everyone = self._gather((episodes, restarts))

@@ -221,11 +221,13 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
 
 
 def rng_state(value: Any) -> bool:
-    """A numpy random generator's state, as bit_generator.state gives it."""
+    """A random generator's state: numpy's bit_generator.state, or torch's get_state()."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.uint8
     return isinstance(value, dict) and isinstance(value.get("bit_generator"), str) and "state" in value
 
 
-def _per_rank(ok: Any) -> Any:
+def _each_rank(ok: Any) -> Any:
     """A field holding one value per rank, each `ok`."""
     world_size = FIELDS["world_size"]
     size = lambda c: c.get("world_size", 1)  # noqa: E731
@@ -243,8 +245,8 @@ FIELDS: dict[str, Any] = {
     "global_step": lambda v, c: type(v) is int and v >= 0,
     "recent_returns": lambda v, c: isinstance(v, list) and all(isinstance(r, (int, float)) for r in v),
 }
-FIELDS["rng"] = _per_rank(rng_state)
-FIELDS["env_states"] = _per_rank(lambda s: s is None or isinstance(s, bytes))
+FIELDS["rng"] = _each_rank(rng_state)
+FIELDS["env_states"] = _each_rank(lambda s: s is None or isinstance(s, bytes))
 
 
 def load_state(obj: Any, state: Any, flag_name: str, path: str) -> None:

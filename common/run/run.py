@@ -99,7 +99,8 @@ class Run:
         iteration boundary; then summary.json and the closing line."""
         state["torch_rng"] = torch.default_generator
         if device.type == "cuda":
-            state["torch_cuda_rng"] = torch.cuda.default_generators[device.index or 0]
+            torch.cuda.init()  # (default_generators is empty until then)
+            state["torch_cuda_rng"] = torch.cuda.default_generators[torch.cuda.current_device()]
         self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps_per_iteration, state
         for name, obj in state.items():
             if not (hasattr(obj, "state_dict") or _per_rank(obj)):
@@ -121,8 +122,8 @@ class Run:
                     status = f"stopped by {exc}"
                     self._save_on_the_way_out()
                     raise
-                except (WorkerError, TimeoutError, RuntimeError) as exc:
-                    if isinstance(exc, RuntimeError) and not isinstance(exc, WorkerError) and not self.lost_rank(exc):
+                except Exception as exc:
+                    if not isinstance(exc, (WorkerError, TimeoutError)) and not self.lost_rank(exc):
                         raise  # a bug, or the script's own RunError (NaN weights): nothing to save
                     stopped = stops.request.wait(1.0)  # a scheduler signals every process: an env may die first
                     status = f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
@@ -139,7 +140,7 @@ class Run:
         """Puts the checkpoint's state into `state` and holds the run's folder; returns its summary so far. FlagError
         unless the checkpoint holds all of it and was written with as many ranks; Finished if nothing is left to do."""
         checkpoint, path = self.checkpoint, self.args.resume
-        missing = [name for name in ("iteration", *self.state) if name not in checkpoint]
+        missing = [name for name in ("iteration", *self.state) if name not in checkpoint and name not in IMPLICIT]
         if missing:
             raise FlagError(f"--resume {path} holds no {' and no '.join(missing)}: not a whole checkpoint of "
                             f"{self.script} (an older version, or a file edited since)")  # fmt: skip
@@ -152,6 +153,8 @@ class Run:
             raise Finished(f"--resume {path}: that run finished its {done} iterations already{asked}; nothing to do (a "
                            "larger --total-timesteps continues it)")  # fmt: skip
         for name, obj in self.state.items():
+            if name not in checkpoint:  # torch's own generators, from a run on another device (or an older version)
+                continue
             try:
                 if isinstance(obj, np.random.Generator):
                     obj.bit_generator.state = checkpoint[name][self.rank]
@@ -187,7 +190,8 @@ class Run:
         part of the run used."""
         args = self.args
         envs = SubprocVecEnv(env_fns, num_workers=self._num_workers(), max_restarts=args.max_restarts,
-                             step_timeout=args.step_timeout, interrupt=stops.request, probe=self.probed)  # fmt: skip
+                             step_timeout=args.step_timeout, interrupt=self._interrupt(),
+                             probe=self.probed)  # fmt: skip
         self.envs = self._resources.enter_context(envs)
         saved = (self.checkpoint or {}).get("env_states") if args.resume is not None else None
         restored = bool(saved) and None not in saved
@@ -258,6 +262,10 @@ class Run:
         loaded from it first. The env steps where the probe decided: in a worker, unless it is gymnasium's own."""
         if not self.is_main:
             return []
+        missing = [name for name in state if name not in self.checkpoint]
+        if missing:
+            raise FlagError(f"--eval-checkpoint {self.args.eval_checkpoint} holds no {' and no '.join(missing)}: it "
+                            f"was saved by another version of {self.script}")  # fmt: skip
         for name, obj in state.items():
             records.load_state(obj, self.checkpoint[name], "--eval-checkpoint", self.args.eval_checkpoint)
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
@@ -277,6 +285,9 @@ class Run:
     # What ranks do together: nothing, with one (ranks.py)
     def _num_workers(self) -> int | None:
         return self.args.num_workers
+
+    def _interrupt(self) -> Any:
+        return stops.request  # what ends a wait on the envs: a stop
 
     def _gather(self, obj: Any) -> list:
         return [obj]
@@ -305,7 +316,11 @@ class Run:
                    "checkpoint": str(self.dir / "checkpoint.pt") if on_disk else None,
                    "checkpoint_iteration": self.on_disk if on_disk else None,
                    "layout": self.envs.layout if self.envs is not None else None}  # fmt: skip
-        records.write_json(self.dir / "summary.json", summary)
+        try:
+            records.write_json(self.dir / "summary.json", summary)
+        except OSError as exc:
+            print(f"{self.script}: cannot write {self.dir / 'summary.json'} ({exc.strerror})", file=sys.stderr,
+                  flush=True)  # fmt: skip
         return summary
 
     def _close(self, status: str) -> None:
@@ -315,10 +330,11 @@ class Run:
                 f"{records.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
                 f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard --logdir "
                 f"{self.dir.parent})")  # fmt: skip
-        if summary["checkpoint"]:
-            again = "torchrun <the same torchrun options>" if self.world_size > 1 and status != "done" else "python"
-            how = "continue with" if status != "done" else "evaluate with"
-            flag = "--resume" if status != "done" else "--eval-checkpoint"
+        if summary["checkpoint"]:  # a run stopped while evaluating its last checkpoint has nothing left to train
+            trained = summary["checkpoint_iteration"] == self.num_iterations
+            again = "torchrun <the same torchrun options>" if self.world_size > 1 and not trained else "python"
+            how = "evaluate with" if trained else "continue with"
+            flag = "--eval-checkpoint" if trained else "--resume"
             line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
         _closing_lines.append((line, status != "done"))
 
@@ -368,13 +384,13 @@ class Run:
             close(128 + exc.signum)
         except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
             close(1, f"error: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a lost rank is one line; anything else is a bug, with its traceback
-            if not cls.lost_rank(exc):
-                traceback.print_exc()
-                close(1)
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            close(1, f"error: lost contact with another rank ({reason}); that rank's own message says why")
+        except Exception:  # noqa: BLE001 - a bug: its traceback
+            traceback.print_exc()
+            close(1)
         close(0)
+
+
+IMPLICIT = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
 
 
 def _per_rank(obj: Any) -> bool:

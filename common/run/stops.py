@@ -19,7 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from ..vecenv.process_control import STOP_SIGNALS
+
 STOP_WITHIN = 120.0  # seconds a stop may take, saving included, before the process ends regardless
 SAME_STOP = 1.0  # seconds within which a second SIGINT is the first one forwarded, not a second Ctrl-C
 

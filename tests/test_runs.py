@@ -329,7 +329,7 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     """While a run trains, resuming it elsewhere is refused in one line naming its process; a sweep killed with
     SIGKILL takes its runs with it (they stop, and save), and the same sweep run again at once waits for them to end,
     then resumes them to their end."""
-    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "6400"]
+    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "25600"]  # long: a kill finds them
     flags += ["--checkpoint-interval", "1"]
     cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", "CartPole-v1", *flags]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,

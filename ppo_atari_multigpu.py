@@ -236,7 +236,7 @@ def main(args: Args) -> list[float] | None:
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    run = RankedRun(args, rank, world_size, local_world_size)  # --resume: the run's own flags (as many ranks)
+    run = RankedRun(args, rank, world_size, local_world_size)  # with --resume, the run's own flags and ranks
     args = run.args
     check_args(args, local_world_size)
     _, action_space = run.probe(make_env)  # env 0, built in a process of its own
@@ -250,7 +250,7 @@ def main(args: Args) -> list[float] | None:
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
 
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank; DDP broadcasts rank 0's anyway
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng([args.seed, rank])  # sampling and minibatch order: a rank's own
     agent = Agent(int(action_space.n)).to(device)
@@ -266,9 +266,9 @@ def main(args: Args) -> list[float] | None:
     if args.eval_checkpoint is not None:
         return run.evaluate(greedy, model=agent)
 
-    # What a checkpoint holds, kept at every iteration boundary (every rank's rng and envs): a stop resumes exactly
+    # What a checkpoint holds, kept at every iteration boundary with every rank's rng and envs: a stop resumes exactly
     with run.start(device, num_iterations, batch_size, model=agent, optimizer=optimizer, rng=rng) as writer:
-        ddp_agent = agent  # what the update calls (DDP's backward averages gradients over ranks)
+        ddp_agent = agent  # what the update calls: with DDP, backward averages gradients over ranks
         if world_size > 1:
             ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None)
         envs, next_obs = run.make_envs([make_env(args, i, run.dir) for i in range(args.local_num_envs)])
@@ -330,7 +330,7 @@ def main(args: Args) -> list[float] | None:
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
-                    if world_size == 1:  # (ranks agree after each rollout: not a collective per minibatch)
+                    if world_size == 1:  # ranks agree once per rollout, above: no collective per minibatch
                         run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])

@@ -130,10 +130,10 @@ def make_env(args: Args, idx: int, run_dir: Path | None):
         if not space.is_np_flattenable or space.dtype == np.uint8 and len(space.shape) >= 2:
             raise ValueError(f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a vector "
                              "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
-        if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):  # (a vector already passes as it is)
+        if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):  # a vector passes as it is
             env = gym.wrappers.FlattenObservation(env)
         space = env.observation_space
-        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # (a Dict's one-hots)
+        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # e.g. a Dict's one-hots
             with np.errstate(over="ignore"):  # bounds past float32's range are its infinities
                 low, high = space.low.astype(np.float32), space.high.astype(np.float32)
             box = gym.spaces.Box(low, high, dtype=np.float32)

@@ -311,6 +311,9 @@ class SlowStepEnv(CounterEnv):
         return super().step(action)
 
 
+gym.register("SlowStep-v0", entry_point=SlowStepEnv, kwargs={"seconds": 0.002}, max_episode_steps=200)
+
+
 class SlowToSample(gym.spaces.Discrete):
     """A Discrete space whose sample() takes a millisecond (a large or structured space in place of a trainer's
     policy): what an env's step is timed with must not count it."""

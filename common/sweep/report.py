@@ -38,8 +38,8 @@ def judge(run: Run) -> tuple[Path | None, str | None]:
 
 
 def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) -> list[str]:
-    """DIR/report.md and DIR/<env>.png for the runs that finished with the flags asked (common/py computes
-    the figures); the others are named, not averaged."""
+    """DIR/report.md and DIR/<env>.png for the runs that finished with the flags asked (`judge` says
+    which); the others are named, not averaged."""
     out.mkdir(parents=True, exist_ok=True)
     rows, columns, notes, averaged = {}, {}, [], {}
     for env_id in dict.fromkeys(run.env_id for run in runs):

@@ -51,7 +51,7 @@ def assert_same_run(resumed_dir, expected_dir, script) -> None:
 
 @pytest.mark.parametrize(("script", "args", "steps_per_iteration"), CASES, ids=["trainer", "workers", "atari"])
 def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path, script, args, steps_per_iteration):
-    args = [*args, "--total-timesteps", 60 * steps_per_iteration, "--save-model", "--eval-episodes", "0"]
+    args = [*args, "--total-timesteps", 30 * steps_per_iteration, "--save-model", "--eval-episodes", "0"]
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):
         cwd.mkdir()
@@ -63,14 +63,14 @@ def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path
     assert proc.returncode == 130, stderr
     run_dir = only_run_dir(stopped)
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert 0 < saved["iteration"] < 60 and None not in saved["env_states"]  # the envs' states at that boundary
+    assert 0 < saved["iteration"] < 30 and None not in saved["env_states"]  # the envs' states at that boundary
     out = run_script(script, [*args, "--resume", run_dir / "checkpoint.pt"], stopped)
     assert out.returncode == 0, out.stderr
     assert f"resuming from iteration {saved['iteration']} (step {saved['global_step']}), the envs as they were" in (
         out.stdout.splitlines()[0])  # fmt: skip
     assert_same_run(run_dir, only_run_dir(full), script)
     out = run_script(script, [*args, "--resume", run_dir / "checkpoint.pt"], stopped)  # once more: nothing to do
-    assert out.returncode == 0 and "that run finished its 60 iterations already; nothing to do" in out.stdout
+    assert out.returncode == 0 and "that run finished its 30 iterations already; nothing to do" in out.stdout
     assert only_run_dir(stopped) == run_dir and out.stderr == ""
 
 

@@ -149,8 +149,9 @@ def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reuse
 
 def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked(tmp_path):
     """A run made under torchrun with 2 ranks has other iterations than a plain one, and resumes only with 2 ranks:
-    another run. A folder a killed start left with args.json alone is removed, and its run starts anew (one folder);
-    records edited by hand (a string where a number was) are not read as numbers."""
+    another run. A folder a killed start left before training is removed, and its run starts anew (one folder); one
+    that trained and saved nothing is kept beside the new run; records edited by hand (a string where a number was)
+    are not read as numbers."""
     runs_dir = tmp_path / "runs"
     ranked = write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=1000)
     records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"world_size": 2})
@@ -163,11 +164,16 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
                                        "--total-timesteps not recorded")  # fmt: skip
     records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"total_timesteps": 1000})
     (ranked / "checkpoint.pt").unlink()
-    (ranked / "summary.json").unlink()
+    (ranked / "events.out.tfevents.1").write_bytes(b"")  # what a start stopped before training leaves
+    records.write_json(ranked / "summary.json", {"status": "stopped by SIGTERM", "global_step": 0})
     (tmp_path / "s.py").write_text("")  # the script: it does nothing, and ends
     outcome = runs.RunJob()(run)
     assert outcome["did"] == "start (its earlier start saved nothing)" and outcome["exit"] == 0
     assert not ranked.exists()
+    trained = write_folder(runs_dir, "CartPole-v1__exp__1__2", given=["total_timesteps"], total_timesteps=1000)
+    (trained / "checkpoint.pt").unlink()
+    records.write_json(trained / "summary.json", {"status": "failed", "global_step": 300})  # a bug ended it
+    assert run.command()[1] == "start (a new run: its earlier start logged but saved nothing)"
 
 
 def test_one_writer_per_run_folder(tmp_path):
@@ -356,6 +362,19 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     assert statuses == ["done"] * 2 and sorted((tmp_path / "runs").glob("*__ppo_vec__*")) == folders
     resumed = [json.loads((folder / "args.json").read_text())["resumes"] for folder in folders]
     assert all(len(resumes) == 1 for resumes in resumed)  # each stopped once by its sweep's death, and resumed
+
+
+@pytest.mark.e2e
+def test_a_run_whose_sweep_died_while_it_started_does_not_train(tmp_path):
+    """A sweep killed while its run was still starting (importing torch takes seconds): the run finds its launcher
+    gone, by the pid the sweep gave it, and stops before it trains, instead of training on alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a launcher that has ended: this run's parent is another process
+    slow = ["--env-id", "tests.envs:SlowStep-v0", "--total-timesteps", "6400"]  # 15 s of steps if it trained
+    ran = run_script(VEC, [*TINY, *slow], tmp_path, extra_env={records.END_WITH_PARENT: str(gone.pid)})
+    assert ran.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in ran.stderr, ran.stderr
+    summaries = [records.read_json(folder / "summary.json") for folder in (tmp_path / "runs").glob("*__ppo_vec__*")]
+    assert all(summary["global_step"] == 0 for summary in summaries)
 
 
 @pytest.mark.e2e

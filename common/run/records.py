@@ -22,7 +22,7 @@ import torch
 from .errors import FlagError, RunError
 
 LOCK = ".lock"
-END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # "1": the run stops (and saves) when the process that started it dies
+END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # a launcher's pid: the run stops (and saves) when that process dies
 
 # Flags that change nothing a run learns: a resume may give other values, and a sweep reuses a run made with others
 TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "max_restarts", "num_threads", "cuda",

@@ -410,14 +410,15 @@ def _copy(state: Any) -> Any:
 
 
 def _end_with_launcher() -> None:
-    """Under torchrun, or a launcher that sets END_WITH_PARENT (a sweep): SIGTERM to this run when its launcher dies
-    (SIGKILL included), so that the run stops through its stop path, and saves, instead of training on alone."""
-    launched = "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get(records.END_WITH_PARENT) == "1"
-    if not launched or not sys.platform.startswith("linux"):
+    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this run when its
+    launcher dies (SIGKILL included), so that the run stops through its stop path, and saves, instead of training on
+    alone. A launcher that died while this process was starting is seen by its pid."""
+    launcher = os.environ.get(records.END_WITH_PARENT, "")
+    if not ("TORCHELASTIC_RUN_ID" in os.environ or launcher.isdigit()) or not sys.platform.startswith("linux"):
         return
     import ctypes
 
-    parent = os.getppid()
+    parent = int(launcher) if launcher.isdigit() else os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before we asked
         os.kill(os.getpid(), signal.SIGTERM)

@@ -93,9 +93,10 @@ class Run:
         pid = records.writer(folder)
         if pid is not None:
             return [], f"running in process {pid}: skipped"
-        if not (folder / "checkpoint.pt").exists():
-            logged = any(folder.glob("events.*"))
-            return cmd, "start (a new run: its earlier start logged but saved nothing)" if logged else (
+        if not (folder / "checkpoint.pt").exists():  # a start killed early trained nothing: its folder goes
+            summary = records.read_json(folder / "summary.json")
+            trained = number(summary.get("global_step")) > 0 if summary else any(folder.glob("events.*"))
+            return cmd, "start (a new run: its earlier start logged but saved nothing)" if trained else (
                 "start (its earlier start saved nothing)")  # fmt: skip
         summary, saved = records.read_json(folder / "summary.json") or {}, records.read_json(folder / "args.json")
         total, trained = self.asked(saved).get("total_timesteps"), number(saved.get("total_timesteps"))
@@ -251,7 +252,7 @@ class RunJob:
                 time.sleep(0.5)  # a run of a sweep killed a moment ago is saving: its end is bounded (STOP_WITHIN)
                 cmd, outcome["did"] = run.command()
             if outcome["did"] == "start (its earlier start saved nothing)":
-                shutil.rmtree(run.folder())  # it holds args.json alone: the run starts in a folder of its own
+                shutil.rmtree(run.folder())  # nothing trained in it: the run starts in a folder of its own
             if cmd:
                 outcome["exit"] = self._run(run, cmd)
         folder = run.folder()
@@ -260,7 +261,7 @@ class RunJob:
 
     def _run(self, run: Run, cmd: list[str]) -> int:
         log = Path(run.cwd, "runs", "sweep", f"{run.key}.log")
-        env = dict(os.environ, **{records.END_WITH_PARENT: "1"})  # the run stops when the sweep dies
+        env = dict(os.environ, **{records.END_WITH_PARENT: str(os.getpid())})  # the run stops when the sweep dies
         with open(log, "a") as out:
             self.proc = subprocess.Popen(cmd, cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
             STOP.started(self.proc)

@@ -15,6 +15,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from common.sweep import report, runs
+from common.sweep.__main__ import main as sweep_main
 from tests.helpers import REPO, VEC_TINY, run_command
 
 TINY = [*VEC_TINY, "--num-workers", "0"]  # in-process: the fastest run there is
@@ -55,6 +56,22 @@ def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
 
 def test_seeds_are_read_as_written():
     assert runs.seeds(["1-3", "7"]) == [1, 2, 3, 7]
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--seeds", "abc"], "--seeds abc: write seeds in [0, 2**32), or ranges low-high such as 1-10"),
+    (["--seeds", "-3"], "--seeds -3: write seeds"),
+    (["--seeds", "5-1"], "--seeds 5-1: write seeds"),  # an empty range: the sweep ran nothing, exit 0
+    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+    (["--timeout-min", "0"], "--timeout-min must be >= 1, got 0"),  # submitit's job then ended with a traceback
+])  # fmt: skip
+def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, says):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("")
+    with pytest.raises(SystemExit) as ended:
+        sweep_main(["s.py", "--env-ids", "CartPole-v1", *flags])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and says in error and not (tmp_path / "runs").exists(), error
 
 
 def test_aggregate_on_known_numbers():

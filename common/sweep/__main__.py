@@ -38,14 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write report.md and curves for the runs into this folder")
     parser.add_argument("--report-only", action="store_true", help="only the report, from the runs there are")
     args = parser.parse_args(own)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    for name, least in (("jobs", 1), ("timeout_min", 1), ("cpus_per_task", 1), ("gpus", 0)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     if not Path(args.script).is_file():
         parser.error(f"{args.script}: no such script")
+    try:
+        chosen = seeds(args.seeds)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.exp_name = args.exp_name or Path(args.script).stem
     args.cwd = str(Path.cwd())
     runs = [Run(str(Path(args.script).resolve()), env_id, seed, args.exp_name, flags, args.cwd)
-            for env_id in args.env_ids for seed in seeds(args.seeds)]  # fmt: skip
+            for env_id in args.env_ids for seed in chosen]  # fmt: skip
     status = 0
     if not args.report_only:
         STOP.install()

@@ -312,9 +312,11 @@ def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def seeds(spec: list[str]) -> list[int]:
-    """Seeds as given: 1 2 3, or ranges 1-10."""
+    """Seeds as given: 1 2 3, or ranges 1-10; ValueError naming an item that is neither."""
     found = []
     for item in spec:
         lo, _, hi = item.partition("-")
+        if not (lo.isdigit() and (hi or lo).isdigit() and int(lo) <= int(hi or lo) < 2**32):
+            raise ValueError(f"--seeds {item}: write seeds in [0, 2**32), or ranges low-high such as 1-10")
         found += list(range(int(lo), int(hi or lo) + 1))
     return found

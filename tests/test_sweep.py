@@ -62,8 +62,11 @@ def test_seeds_are_read_as_written():
     (["--seeds", "abc"], "--seeds abc: write seeds in [0, 2**32), or ranges low-high such as 1-10"),
     (["--seeds", "-3"], "--seeds -3: write seeds"),
     (["--seeds", "5-1"], "--seeds 5-1: write seeds"),  # an empty range: the sweep ran nothing, exit 0
+    (["--seeds", "\u0663"], "write seeds"),  # an Arabic-Indic 3: str.isdigit took it as seed 3
     (["--jobs", "0"], "--jobs must be >= 1, got 0"),
     (["--timeout-min", "0"], "--timeout-min must be >= 1, got 0"),  # submitit's job then ended with a traceback
+    (["--cpus-per-task", "0"], "--cpus-per-task must be >= 1, got 0"),
+    (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
 ])  # fmt: skip
 def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, says):
     monkeypatch.chdir(tmp_path)

@@ -413,12 +413,13 @@ def _end_with_launcher() -> None:
     """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this run when its
     launcher dies (SIGKILL included), so that the run stops through its stop path, and saves, instead of training on
     alone. A launcher that died while this process was starting is seen by its pid."""
-    launcher = os.environ.get(records.END_WITH_PARENT, "")
-    if not ("TORCHELASTIC_RUN_ID" in os.environ or launcher.isdigit()) or not sys.platform.startswith("linux"):
+    launcher = os.environ.pop(records.END_WITH_PARENT, "")  # not passed on to what this run starts
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
+    if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):
         return
     import ctypes
 
-    parent = int(launcher) if launcher.isdigit() else os.getppid()
+    parent = os.getppid() if torchrun else int(launcher)
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before we asked
         os.kill(os.getpid(), signal.SIGTERM)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,14 @@ class Run:
         same = [folder for folder in self.folders() if not self.differences(folder)]
         return same[-1] if same else None
 
+    def untrained(self, folder: Path | None) -> bool:
+        """True for a folder whose start was stopped before it trained (a sweep killed in its first seconds): no
+        checkpoint, and step 0 in summary.json (no summary.json: no events either). The run starts anew without it."""
+        if folder is None or (folder / "checkpoint.pt").exists():
+            return False
+        summary = records.read_json(folder / "summary.json")
+        return summary.get("global_step") == 0 if summary else not any(folder.glob("events.*"))
+
     def command(self) -> tuple[list[str], str]:
         """The command line that runs, resumes or extends it, and what it will do; ([], why) if there is nothing to."""
         cmd = [sys.executable, self.script, "--env-id", self.env_id, "--seed", str(self.seed), "--exp-name",
@@ -93,11 +102,10 @@ class Run:
         pid = records.writer(folder)
         if pid is not None:
             return [], f"running in process {pid}: skipped"
-        if not (folder / "checkpoint.pt").exists():  # a start killed early trained nothing: its folder goes
-            summary = records.read_json(folder / "summary.json")
-            trained = number(summary.get("global_step")) > 0 if summary else any(folder.glob("events.*"))
-            return cmd, "start (a new run: its earlier start logged but saved nothing)" if trained else (
-                "start (its earlier start saved nothing)")  # fmt: skip
+        if self.untrained(folder):
+            return cmd, f"start (its earlier start, {folder.name}, trained nothing: removed)"
+        if not (folder / "checkpoint.pt").exists():
+            return cmd, "start (a new run: its earlier start logged but saved nothing)"
         summary, saved = records.read_json(folder / "summary.json") or {}, records.read_json(folder / "args.json")
         total, trained = self.asked(saved).get("total_timesteps"), number(saved.get("total_timesteps"))
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
@@ -251,8 +259,8 @@ class RunJob:
             while not cmd and outcome["did"].startswith("running in process") and time.monotonic() < deadline:
                 time.sleep(0.5)  # a run of a sweep killed a moment ago is saving: its end is bounded (STOP_WITHIN)
                 cmd, outcome["did"] = run.command()
-            if outcome["did"] == "start (its earlier start saved nothing)":
-                shutil.rmtree(run.folder())  # nothing trained in it: the run starts in a folder of its own
+            if cmd and run.untrained(stale := run.folder()):
+                shutil.rmtree(stale)  # the run starts in a folder of its own: one folder per run
             if cmd:
                 outcome["exit"] = self._run(run, cmd)
         folder = run.folder()
@@ -315,8 +323,9 @@ def seeds(spec: list[str]) -> list[int]:
     """Seeds as given: 1 2 3, or ranges 1-10; ValueError naming an item that is neither."""
     found = []
     for item in spec:
-        lo, _, hi = item.partition("-")
-        if not (lo.isdigit() and (hi or lo).isdigit() and int(lo) <= int(hi or lo) < 2**32):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item, re.ASCII)
+        lo, hi = (int(match[1]), int(match[2] or match[1])) if match else (1, 0)
+        if not lo <= hi < 2**32:
             raise ValueError(f"--seeds {item}: write seeds in [0, 2**32), or ranges low-high such as 1-10")
-        found += list(range(int(lo), int(hi or lo) + 1))
+        found += list(range(lo, hi + 1))
     return found

@@ -323,6 +323,7 @@ def test_a_finished_run_requeued_with_its_resume_command_does_nothing(tmp_path):
     out = run_script(VEC, [*args, "--resume", run_dir / "checkpoint.pt"], tmp_path)
     assert out.returncode == 0 and "that run finished its 3 iterations already; nothing to do" in out.stdout
     assert (run_dir / "ppo_vec.cleanrl_model").read_bytes() == model and out.stderr == ""
+    assert only_run_dir(tmp_path) == run_dir  # no folder of its own either
 
 
 def test_a_resume_rewrites_records_that_are_not_what_a_run_writes_and_says_so(tmp_path):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import stops
+from . import records, stops
 from .errors import RunError
 from .run import Run
 from .stops import Stopped
@@ -41,7 +41,7 @@ class RankedRun(Run):
         except Exception as exc:
             if not self.lost_rank(exc):  # (asked before the group is gone)
                 raise
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            reason = records.one_line(exc, 300)
             raise RunError(f"lost contact with another rank ({reason}); that rank's own message says why") from None
         finally:
             if self.distributed:

@@ -265,8 +265,12 @@ def load_state(obj: Any, state: Any, flag_name: str, path: str) -> None:
     try:
         obj.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise FlagError(f"{flag_name} {path} does not fit this run's {type(obj).__name__} ({reason})") from None
+        raise FlagError(f"{flag_name} {path} does not fit this run's {type(obj).__name__} ({one_line(exc)})") from None
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type's name if it has none), at most `limit` characters."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
 # ---------------------------------------------------------------------------------- what a run says as it runs

@@ -9,19 +9,14 @@ from typing import Any
 
 from ..run import records
 from ..run.records import flag
-from .runs import Run, asked_of, number, shown
+from .runs import Run, asked_of, number
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:
     """The run's folder, and why it cannot be averaged (None if it can): missing, running, unfinished, unreadable."""
     folder, made = run.folder(), run.folders()
-    if folder is None and made:
-        found = run.differences(made[-1])
-        why = "has no args.json telling what it was asked for" if "args.json" in found else (
-            f"was made with other flags: {shown(found)}")  # fmt: skip
-        return None, f"missing; {made[-1].name} {why}"
     if folder is None:
-        return None, "missing"
+        return None, f"missing; {run.unlike(made[-1])}" if made else "missing"
     if records.writer(folder) is not None:
         return folder, f"still running ({folder.name})"
     summary = records.read_json(folder / "summary.json") or {}

@@ -78,10 +78,21 @@ class Run:
         same = [folder for folder in self.folders() if not self.differences(folder)]
         return same[-1] if same else None
 
+    def unlike(self, folder: Path) -> str:
+        """Why the run in `folder` is not this one: "<folder> was made with other flags: --gamma 0.99 there, 0.95
+        here", or "<folder> has no args.json telling what it was asked for"."""
+        found = self.differences(folder)
+        if "args.json" in found:
+            return f"{folder.name} has no args.json telling what it was asked for"
+        flags = ", ".join(f"{'torchrun ranks' if name == 'ranks' else flag(name)} {theirs} there, {ours} here"
+                          for name, (ours, theirs) in found.items())  # fmt: skip
+        return f"{folder.name} was made with other flags: {flags}"
+
     def untrained(self, folder: Path | None) -> bool:
-        """True for a folder whose start was stopped before it trained (a sweep killed in its first seconds): no
-        checkpoint, and step 0 in summary.json (no summary.json: no events either). The run starts anew without it."""
-        if folder is None or (folder / "checkpoint.pt").exists():
+        """True for a folder nobody writes whose start was stopped before it trained (a sweep killed in its first
+        seconds): no checkpoint, and step 0 in summary.json (no summary.json: no events either). The run starts anew
+        without it."""
+        if folder is None or (folder / "checkpoint.pt").exists() or records.writer(folder) is not None:
             return False
         summary = records.read_json(folder / "summary.json")
         return summary.get("global_step") == 0 if summary else not any(folder.glob("events.*"))
@@ -93,12 +104,7 @@ class Run:
         folder = self.folder()
         if folder is None:
             other = self.folders()
-            if not other:
-                return cmd, "start"
-            found = self.differences(other[-1])
-            if "args.json" in found:
-                return cmd, f"start (a new run: {other[-1].name} has no args.json telling what it was asked for)"
-            return cmd, f"start (a new run: {other[-1].name} was made with other flags: {shown(found)})"
+            return cmd, f"start (a new run: {self.unlike(other[-1])})" if other else "start"
         pid = records.writer(folder)
         if pid is not None:
             return [], f"running in process {pid}: skipped"
@@ -115,12 +121,6 @@ class Run:
             return [], "finished before: skipped"  # its iterations are those asked: other_length let no fewer pass
         steps = (ends_at(trained, saved), ends_at(total, saved))
         return resume, f"extend (from {steps[0]} to {steps[1]} steps: no schedule spans it)"
-
-
-def shown(found: dict[str, tuple[Any, Any]]) -> str:
-    """The flags a run was made with, against those asked: "--gamma 0.99 there, 0.95 here"."""
-    return ", ".join(f"{'torchrun ranks' if name == 'ranks' else flag(name)} {theirs} there, {ours} here"
-                     for name, (ours, theirs) in found.items())  # fmt: skip
 
 
 def number(value: Any) -> int | float:

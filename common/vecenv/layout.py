@@ -69,16 +69,16 @@ def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
     return all(type(e).__module__.startswith(modules) for e in chain(env))
 
 
-def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None, steps: bool = True,
-          interrupt: Any = None, check_api: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Builds env_fn() in a probe process and, with `steps` and a trusted env, times its steps. Returns {"spaces",
-    "raw_spaces" (the unwrapped env's), "origin" (the classes of the env and its wrappers, outermost first),
-    "trusted", "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference" (reference_work()'s CPU
-    seconds)}. ProbeFailed if env code raised or the probe died; WorkerTimeout (naming env `index`) past `bound`
-    seconds of building; the interrupt's exception (SubprocVecEnv's `interrupt`). With `check_api`, the env is also
-    reset and stepped once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
+def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None, interrupt: Any = None,
+          check_api: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Builds env_fn() in a probe process and, for a trusted env, times its steps. Returns {"spaces", "origin" (the
+    classes of the env and its wrappers, outermost first), "trusted", "step" (CPU seconds; None if not timed, inf past
+    STEP_DECIDE), "reference" (reference_work()'s CPU seconds)}. ProbeFailed if env code raised or the probe died;
+    WorkerTimeout (naming env `index`) past `bound` seconds of building; the interrupt's exception (SubprocVecEnv's
+    `interrupt`). With `check_api`, the env is also reset and stepped once (ProbeFailed in phase "api" if it answers as
+    gym before 0.26 did)."""
     parent, child = socket.socketpair()
-    data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn), "steps": steps,
+    data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn),
             "registry": _registry(), "trusted": TRUSTED, "check_api": check_api}  # fmt: skip
     errors = tempfile.TemporaryFile()  # what the probe says if it cannot start (a file: it never fills up)
     with stop_signals_blocked():
@@ -105,7 +105,7 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None,
                 raise ProbeFailed(value[1], value[2])
             if kind == "ready":  # started: from now on the env's own work is timed
                 phase, deadline = "make", time.monotonic() + bound
-            elif kind == "made" and steps and value["trusted"]:
+            elif kind == "made" and value["trusted"]:
                 found, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
             else:
                 return dict(found, **value) if kind == "stepped" else dict(value, step=None)
@@ -175,7 +175,6 @@ def probe_main(data: dict) -> None:
         conn.send(pickle.dumps(("ready", None)))
         env = env_fn()
         found = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"]),
-                 "raw_spaces": (env.unwrapped.observation_space, env.unwrapped.action_space),
                  "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]}  # fmt: skip
         if data["check_api"]:
             phase = "reset"
@@ -185,7 +184,7 @@ def probe_main(data: dict) -> None:
                 os._exit(0)
             phase = "make"
         conn.send(pickle.dumps(("made", found), pickle.HIGHEST_PROTOCOL))
-        if data["steps"] and found["trusted"]:
+        if found["trusted"]:
             phase = "reset"
             env.reset(seed=0)
             phase = "step"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,6 +90,13 @@ def descendants_with_helpers_running() -> set[int]:
 
     process_control.start_helpers(process_control.default_context())
     return descendants()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous of ranks)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import inspect
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from tests.helpers import (
     CLEANRL_TAGS,
     REPO,
     assert_same,
+    free_port,
     only_run_dir,
     read_scalars,
     run_command,
@@ -111,12 +111,6 @@ def test_two_ranks_with_gloo_stay_identical_and_stop_early_together(tmp_path):
     assert [step for step, _ in scalars["losses/policy_loss"]] == [32, 64, 96, 128, 160]  # both ranks' envs count
     kls = [kl for _, kl in scalars["losses/approx_kl"]]
     assert any(kl > 0.0005 for kl in kls) and min(kls) < 0.0005  # the threshold sat inside the KLs seen
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.e2e

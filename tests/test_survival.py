@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from tests.helpers import (
     all_gone,
     descendants,
     fault_env,
+    free_port,
     only_run_dir,
     parent_pid,
     rank_pid,
@@ -252,9 +252,7 @@ def test_a_failing_rank_says_why_with_its_rank(tmp_path):
 def test_a_rank_whose_peer_vanished_says_so_in_one_line_and_saves(tmp_path):
     """Ranks a scheduler's own launcher started (no torchrun agent to end the job): rank 0 learns that rank 1 was
     killed from its next collective, and says so in one line, saves the last boundary and exits 1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",

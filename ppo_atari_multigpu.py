@@ -126,7 +126,8 @@ class Args:
     num_workers: int | None = None
     """env worker processes per rank (0: envs step in the trainer; None: its share of the cores)"""
     max_restarts: int = 0
-    """times a crashed, raising or stuck env worker may be replaced, per rank (episodes truncated)"""
+    """times a crashed, raising or stuck env worker may be replaced, per rank (episodes
+    truncated)"""
     step_timeout: float | None = None
     """seconds an env step may take before its worker counts as stuck (None: no limit)"""
 
@@ -144,7 +145,9 @@ def make_env(args: Args, idx: int, run_dir: Path | None, noop_max: int = 30):
         env = gym.make(args.env_id, frameskip=1, obs_type="ram", render_mode="rgb_array" if video else None)
         env = AtariPipeline(env, noop_max)
         if video:  # a frame per agent step: 4 emulator frames
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", fps=env.metadata.get("render_fps", 60) // 4)
+            env = gym.wrappers.RecordVideo(
+                env, f"{run_dir}/videos", fps=env.metadata.get("render_fps", 60) // 4
+            )
         return env
 
     return thunk
@@ -236,12 +239,15 @@ def main(args: Args) -> list[float] | None:
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    run = RankedRun(args, rank, world_size, local_world_size)  # with --resume, the run's own flags and ranks
+    # with --resume, the run's own flags and ranks
+    run = RankedRun(args, rank, world_size, local_world_size)
     args = run.args
     check_args(args, local_world_size)
     _, action_space = run.probe(make_env)  # env 0, built in a process of its own
     use_cuda = args.cuda and torch.cuda.is_available()
-    device = torch.device(f"cuda:{(args.device_ids or range(local_world_size))[local_rank]}" if use_cuda else "cpu")
+    device = torch.device(
+        f"cuda:{(args.device_ids or range(local_world_size))[local_rank]}" if use_cuda else "cpu"
+    )
     if use_cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(args.num_threads or max(1, len(os.sched_getaffinity(0)) // local_world_size))
@@ -250,7 +256,8 @@ def main(args: Args) -> list[float] | None:
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
 
-    torch.manual_seed(args.seed)  # the same initial weights on every rank; DDP broadcasts rank 0's anyway
+    # the same initial weights on every rank; DDP broadcasts rank 0's anyway
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng([args.seed, rank])  # sampling and minibatch order: a rank's own
     agent = Agent(int(action_space.n)).to(device)
@@ -266,7 +273,8 @@ def main(args: Args) -> list[float] | None:
     if args.eval_checkpoint is not None:
         return run.evaluate(greedy, model=agent)
 
-    # What a checkpoint holds, kept at every iteration boundary with every rank's rng and envs: a stop resumes exactly
+    # What a checkpoint holds, kept at every iteration boundary with every rank's rng and envs: a
+    # stop resumes exactly
     with run.start(device, num_iterations, batch_size, model=agent, optimizer=optimizer, rng=rng) as writer:
         ddp_agent = agent  # what the update calls: with DDP, backward averages gradients over ranks
         if world_size > 1:
@@ -282,7 +290,9 @@ def main(args: Args) -> list[float] | None:
         for iteration in run.iterations():
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+                optimizer.param_groups[0]["lr"] = (
+                    1.0 - (iteration - 1.0) / num_iterations
+                ) * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
@@ -299,16 +309,23 @@ def main(args: Args) -> list[float] | None:
                 rewards[step] = reward
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep its last observation, for V(final_obs)
-                cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
+                cuts += [
+                    (step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)
+                ]
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                    episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
+                    episodes += [
+                        (global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)
+                    ]
 
             run.stop_if_asked()  # if any rank was asked: every rank stops here, together
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
-            b_obs, b_actions = to_torch(obs).view((-1,) + obs_shape), to_torch(actions).view((-1,) + action_shape)
+            b_obs, b_actions = (
+                to_torch(obs).view((-1,) + obs_shape),
+                to_torch(actions).view((-1,) + action_shape),
+            )
             with torch.no_grad():
                 _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
                 b_values = b_values.flatten()
@@ -330,7 +347,8 @@ def main(args: Args) -> list[float] | None:
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
-                    if world_size == 1:  # ranks agree once per rollout, above: no collective per minibatch
+                    # ranks agree once per rollout, above: no collective per minibatch
+                    if world_size == 1:
                         run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
@@ -371,9 +389,14 @@ def main(args: Args) -> list[float] | None:
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss),
-                                        ("entropy", entropy_loss), ("old_approx_kl", old_approx_kl),
-                                        ("approx_kl", approx_kl), ("clipfrac", clipfrac)]:  # fmt: skip
+                    for name, value in [
+                        ("policy_loss", pg_loss),
+                        ("value_loss", v_loss),
+                        ("entropy", entropy_loss),
+                        ("old_approx_kl", old_approx_kl),
+                        ("approx_kl", approx_kl),
+                        ("clipfrac", clipfrac),
+                    ]:
                         stats[name].append(value.detach())
 
                 if args.target_kl is not None and run.mean_over_ranks(approx_kl) > args.target_kl:
@@ -385,13 +408,15 @@ def main(args: Args) -> list[float] | None:
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            for name, value in zip(stats, means.tolist(), strict=True):  # means over minibatches and ranks
+            # means over minibatches and ranks
+            for name, value in zip(stats, means.tolist(), strict=True):
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+        # CleanRL's file was saved at the end: evaluate it
+        if args.save_model and args.eval_episodes:
             run.evaluate(greedy)
 
 

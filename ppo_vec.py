@@ -18,8 +18,9 @@ Where it departs from CleanRL's ppo.py, and why:
 - Speed: a rollout step only samples actions (`sample`, outside Agent); log-probs and values come
   from one batched pass after the rollout; GAE runs in numpy; Adam is fused.
 - Returns are read from gymnasium 1.x's final_info; losses logged are means over the whole update.
-- Stops, checkpoints, resume and evaluation go through one Run object (common/run/): Ctrl-C saves the
-  state of the last iteration boundary and exits 130; --resume goes on from it, weight for weight.
+- Stops, checkpoints, resume and evaluation go through one Run object (common/run/): Ctrl-C saves
+  the state of the last iteration boundary and exits 130; --resume goes on from it, weight for
+  weight.
 """
 
 import os
@@ -128,12 +129,16 @@ def make_env(args: Args, idx: int, run_dir: Path | None):
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         space = env.observation_space
         if not space.is_np_flattenable or space.dtype == np.uint8 and len(space.shape) >= 2:
-            raise ValueError(f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a vector "
-                             "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py")  # fmt: skip
-        if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):  # a vector passes as it is
+            raise ValueError(
+                f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a vector "
+                "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py"
+            )
+        # a vector passes as it is
+        if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)
         space = env.observation_space
-        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # e.g. a Dict's one-hots
+        # e.g. a Dict's one-hots
+        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:
             with np.errstate(over="ignore"):  # bounds past float32's range are its infinities
                 low, high = space.low.astype(np.float32), space.high.astype(np.float32)
             box = gym.spaces.Box(low, high, dtype=np.float32)
@@ -218,8 +223,10 @@ def check_spaces(args: Args, obs_space: gym.Space, action_space: gym.Space) -> N
     """The flags that depend on the env's spaces, as FlagErrors naming the flag."""
     env = f"--env-id {args.env_id}"
     if "--norm-obs" in sys.argv[1:] and not isinstance(action_space, gym.spaces.Box):
-        raise FlagError(f"--norm-obs normalizes the observations of Box-action envs; {env} has "
-                        f"{action_space}: drop the flag (Discrete-action envs learn without)")  # fmt: skip
+        raise FlagError(
+            f"--norm-obs normalizes the observations of Box-action envs; {env} has "
+            f"{action_space}: drop the flag (Discrete-action envs learn without)"
+        )
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
         raise FlagError(f"{env} has action space {action_space}; ppo_vec.py needs Discrete or 1-D Box")
 
@@ -246,7 +253,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
 
-    def greedy(obs):  # the policy evaluated: observations normalized as in training, the statistics frozen
+    # the policy evaluated: observations normalized as in training, the statistics frozen
+    def greedy(obs):
         with torch.inference_mode():
             out, _ = agent.get_policy(to_torch(normalize_obs(obs, update=False)))
         return (out if continuous else out.argmax(-1)).cpu().numpy()
@@ -254,8 +262,14 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     if args.eval_checkpoint is not None:
         return run.evaluate(greedy, model=agent, obs_normalizer=normalize_obs)
 
-    # What a checkpoint holds, kept at every iteration boundary: a stopped run, resumed, goes on weight for weight
-    state = {"model": agent, "optimizer": optimizer, "reward_scaler": scale_rewards, "obs_normalizer": normalize_obs}
+    # What a checkpoint holds, kept at every iteration boundary: a stopped run, resumed, goes on
+    # weight for weight
+    state = {
+        "model": agent,
+        "optimizer": optimizer,
+        "reward_scaler": scale_rewards,
+        "obs_normalizer": normalize_obs,
+    }
     with run.start(device, num_iterations, batch_size, **state, rng=rng) as writer:
         envs, next_obs = run.make_envs([make_env(args, i, run.dir) for i in range(args.num_envs)])
         obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # storage
@@ -267,7 +281,9 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         for iteration in run.iterations():
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+                optimizer.param_groups[0]["lr"] = (
+                    1.0 - (iteration - 1.0) / num_iterations
+                ) * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
@@ -282,14 +298,21 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep its last observation, for V(final_obs)
-                cuts += [(step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)]
+                cuts += [
+                    (step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)
+                ]
                 if "episode" in infos.get("final_info", {}):
                     episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                    episodes += [(global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)]
+                    episodes += [
+                        (global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)
+                    ]
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
-            b_obs, b_actions = to_torch(obs).view((-1,) + obs_shape), to_torch(actions).view((-1,) + action_shape)
+            b_obs, b_actions = (
+                to_torch(obs).view((-1,) + obs_shape),
+                to_torch(actions).view((-1,) + action_shape),
+            )
             with torch.no_grad():
                 _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
                 b_values = b_values.flatten()
@@ -299,7 +322,9 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     final_obs = normalize_obs(np.stack(final_obs), update=False)
                     final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
-                next_value = agent.get_value(to_torch(normalize_obs(next_obs, update=False))).flatten().cpu().numpy()
+                next_value = (
+                    agent.get_value(to_torch(normalize_obs(next_obs, update=False))).flatten().cpu().numpy()
+                )
 
             # GAE
             advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
@@ -311,9 +336,12 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(batch_size)
                 for start in range(0, batch_size, minibatch_size):
-                    run.stop_if_asked()  # a stop ends the run here, and saves the last iteration boundary
+                    # a stop ends the run here, and saves the last iteration boundary
+                    run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + minibatch_size])
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                        b_obs[mb_inds], b_actions[mb_inds]
+                    )
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
 
@@ -351,9 +379,14 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    for name, value in [("policy_loss", pg_loss), ("value_loss", v_loss),
-                                        ("entropy", entropy_loss), ("old_approx_kl", old_approx_kl),
-                                        ("approx_kl", approx_kl), ("clipfrac", clipfrac)]:  # fmt: skip
+                    for name, value in [
+                        ("policy_loss", pg_loss),
+                        ("value_loss", v_loss),
+                        ("entropy", entropy_loss),
+                        ("old_approx_kl", old_approx_kl),
+                        ("approx_kl", approx_kl),
+                        ("clipfrac", clipfrac),
+                    ]:
                         stats[name].append(value.detach())
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
@@ -370,7 +403,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             inference = update_start - rollout_start - env_time
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+        # CleanRL's file was saved at the end: evaluate it
+        if args.save_model and args.eval_episodes:
             run.evaluate(greedy)
 
 

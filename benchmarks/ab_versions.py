@@ -1,12 +1,14 @@
 """SubprocVecEnv's default layout in two checkouts of this project, stepped alternately: is a change slower?
 
     git worktree add /tmp/before <commit>
-    python benchmarks/ab_versions.py /tmp/before .          # CartPole-v1 and Breakout, N = 1 8 16, 7 repetitions
+    # CartPole-v1 and Breakout, N = 1 8 16, 7 repetitions
+    python benchmarks/ab_versions.py /tmp/before .
 
-Each measurement is a fresh process of one checkout that builds SubprocVecEnv(env_fns) with default arguments (for
-Breakout, ppo_atari_multigpu.make_env's envs) and steps it with random actions for --seconds; the checkouts alternate
-A B A B ..., so the machine's drift hits both alike. Prints each checkout's median steps/s, the ratio of the medians
-(B / A) and the median of the per-repetition ratios, and the layout each chose.
+Each measurement is a fresh process of one checkout that builds SubprocVecEnv(env_fns) with default
+arguments (for Breakout, ppo_atari_multigpu.make_env's envs) and steps it with random actions for
+--seconds; the checkouts alternate A B A B ..., so the machine's drift hits both alike. Prints each
+checkout's median steps/s, the ratio of the medians (B / A) and the median of the per-repetition
+ratios, and the layout each chose.
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ if __name__ == "__main__":
 
 
 def measure(repo: str, env: str, n: int, seconds: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(Path(repo).resolve()), env, str(n), str(seconds)],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(Path(repo).resolve()), env, str(n), str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.splitlines()[-1])
@@ -62,17 +68,25 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args()
-    print("| env | N | A steps/s | B steps/s | B / A (medians) | B / A (median of pairs) | A's layout | B's layout |")
+    print(
+        "| env | N | A steps/s | B steps/s | B / A (medians) | B / A (median of pairs) | A's "
+        "layout | B's layout |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for env in args.envs:
         for n in args.num_envs:
-            pairs = [(measure(args.a, env, n, args.seconds), measure(args.b, env, n, args.seconds))
-                     for _ in range(args.repetitions)]  # fmt: skip
+            pairs = [
+                (measure(args.a, env, n, args.seconds), measure(args.b, env, n, args.seconds))
+                for _ in range(args.repetitions)
+            ]
             a, b = ([p[k]["rate"] for p in pairs] for k in (0, 1))
             ratio = statistics.median(b) / statistics.median(a)
             paired = statistics.median(y / x for x, y in zip(a, b, strict=True))
-            print(f"| {env} | {n} | {statistics.median(a):.0f} | {statistics.median(b):.0f} | {ratio:.2f}x | "
-                  f"{paired:.2f}x | {pairs[0][0]['layout']} | {pairs[0][1]['layout']} |", flush=True)  # fmt: skip
+            print(
+                f"| {env} | {n} | {statistics.median(a):.0f} | {statistics.median(b):.0f} | {ratio:.2f}x | "
+                f"{paired:.2f}x | {pairs[0][0]['layout']} | {pairs[0][1]['layout']} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
     torchrun --standalone --nproc_per_node 2 benchmarks/allreduce.py             # gloo on CPU
     torchrun --standalone --nproc_per_node 2 benchmarks/allreduce.py --backend nccl
 
-All-reduces one buffer the size of the Nature CNN's gradients (DDP's buckets carry the same bytes), `--repeats`
-times after a warm-up, and prints the median per all-reduce and per iteration (update_epochs x num_minibatches
-all-reduces: 16 with the default flags).
+All-reduces one buffer the size of the Nature CNN's gradients (DDP's buckets carry the same bytes),
+`--repeats` times after a warm-up, and prints the median per all-reduce and per iteration
+(update_epochs x num_minibatches all-reduces: 16 with the default flags).
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group(args.backend)
     try:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if args.backend == "nccl" else torch.device("cpu")
+        device = (
+            torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            if args.backend == "nccl"
+            else torch.device("cpu")
+        )
         numel = sum(p.numel() for p in ppo_atari_multigpu.Agent(4).parameters())
         grads = torch.ones(numel, device=device)
         times = []

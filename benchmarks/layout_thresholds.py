@@ -1,19 +1,20 @@
-"""What a step of SubprocVecEnv's workers costs beyond their envs' work here: the ROUND_TRIP its default layout is
-decided with (common/vecenv/layout.py), measured in units of layout.reference_work(), and the rule checked against
-real envs.
+"""What a step of SubprocVecEnv's workers costs beyond their envs' work here: the ROUND_TRIP its
+default layout is decided with (common/vecenv/layout.py), measured in units of
+layout.reference_work(), and the rule checked against real envs.
 
     python benchmarks/layout_thresholds.py                 # writes benchmarks/results/layout_thresholds.md
     python benchmarks/layout_thresholds.py --repetitions 9 --seconds 0.5
 
-Stand-in envs that burn a fixed CPU time per step (0 to 80 us) are stepped n at a time (4 to 32) in the calling
-process and in w = min(cores, n) workers (the default layout's start method and polling), interleaved, medians of the
-repetitions. A step of n envs takes n * s + A(n) in the calling process and ceil(n / w) * s + B(n) in workers, so the
-calling process is faster exactly where what workers save, s * (n - ceil(n / w)), is under B(n) - A(n), the round
-trip. Stand-ins that never end an episode give its floor; real envs (CartPole, Acrobot, Pendulum, whose episodes end
-and send their final observations over the pipe) give what users pay, and ROUND_TRIP is the median of their
-estimates, each divided by the CPU time of reference_work() timed beside that env's steps (as the probe does). Each
-real env is shown with the layout the rule picks for it, beside the faster one measured. Run it alone on a quiet
-machine.
+Stand-in envs that burn a fixed CPU time per step (0 to 80 us) are stepped n at a time (4 to 32) in
+the calling process and in w = min(cores, n) workers (the default layout's start method and
+polling), interleaved, medians of the repetitions. A step of n envs takes n * s + A(n) in the
+calling process and ceil(n / w) * s + B(n) in workers, so the calling process is faster exactly
+where what workers save, s * (n - ceil(n / w)), is under B(n) - A(n), the round trip. Stand-ins that
+never end an episode give its floor; real envs (CartPole, Acrobot, Pendulum, whose episodes end and
+send their final observations over the pipe) give what users pay, and ROUND_TRIP is the median of
+their estimates, each divided by the CPU time of reference_work() timed beside that env's steps (as
+the probe does). Each real env is shown with the layout the rule picks for it, beside the faster one
+measured. Run it alone on a quiet machine.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class BusyEnv(gym.Env):
 
 
 def step_seconds(env_fns: list, seconds: float, **layout) -> float:
-    """Median wall seconds of one step of all envs, over about `seconds` of stepping (the first fifth dropped)."""
+    """Median wall seconds of one step of all envs, over about `seconds` of stepping (the first
+    fifth dropped)."""
     with SubprocVecEnv(env_fns, **layout) as envs:
         envs.reset(seed=0)
         space = envs.action_space
@@ -90,10 +92,14 @@ def main() -> None:
     lines = [
         "# SubprocVecEnv's round trip, and the default layout checked (benchmarks/layout_thresholds.py)",
         "",
-        f"`python benchmarks/layout_thresholds.py --repetitions {args.repetitions} --seconds {args.seconds}`, "
-        f"{time.strftime('%Y-%m-%d')}, {cores} cores ({platform.machine()}, {platform.processor() or 'cpu'}), "
-        f"Python {platform.python_version()}. Medians of {args.repetitions} interleaved repetitions; w = min(cores, n)"
-        f" workers. The in-code ROUND_TRIP when this ran: {layout.ROUND_TRIP:g} units (reference_work() calls).",
+        f"`python benchmarks/layout_thresholds.py --repetitions {args.repetitions} --seconds "
+        f"{args.seconds}`, "
+        f"{time.strftime('%Y-%m-%d')}, {cores} cores ({platform.machine()}, "
+        f"{platform.processor() or 'cpu'}), "
+        f"Python {platform.python_version()}. Medians of {args.repetitions} interleaved "
+        "repetitions; w = min(cores, n)"
+        f" workers. The in-code ROUND_TRIP when this ran: {layout.ROUND_TRIP:g} units "
+        "(reference_work() calls).",
         "",
         "| n | CPU per env step | this process | workers | estimate of the round trip |",
         "|---|---|---|---|---|",
@@ -105,16 +111,23 @@ def main() -> None:
             here, there = both([functools.partial(BusyEnv, s)] * n, args.repetitions, args.seconds)
             estimate = there - here + s * (n - math.ceil(n / w))
             estimates.append(estimate)
-            lines.append(f"| {n} | {s * 1e6:.0f} us | {here * 1e6:.0f} us | {there * 1e6:.0f} us | "
-                         f"{estimate * 1e6:.0f} us |")  # fmt: skip
+            lines.append(
+                f"| {n} | {s * 1e6:.0f} us | {here * 1e6:.0f} us | {there * 1e6:.0f} us | "
+                f"{estimate * 1e6:.0f} us |"
+            )
             print(lines[-1], flush=True)
     low, high = (np.percentile(estimates, q) * 1e6 for q in (25, 75))
-    lines += ["", f"Stand-ins: median {statistics.median(estimates) * 1e6:.0f} us (quartiles {low:.0f}-{high:.0f} us).",
-              ""]  # fmt: skip
     lines += [
-        "Real envs: the layout the rule picks (the env's step timed as the probe times it) against both, measured.",
         "",
-        "| env | n | probe's CPU per step | this process | workers | estimate of the round trip | the rule picks | "
+        f"Stand-ins: median {statistics.median(estimates) * 1e6:.0f} us (quartiles {low:.0f}-{high:.0f} us).",
+        "",
+    ]
+    lines += [
+        "Real envs: the layout the rule picks (the env's step timed as the probe times it) "
+        "against both, measured.",
+        "",
+        "| env | n | probe's CPU per step | this process | workers | estimate of the round trip | "
+        "the rule picks | "
         "faster |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -128,15 +141,20 @@ def main() -> None:
             picked = layout.decide({"trusted": True, "step": cpu, "reference": reference}, n, cores)[0]
             seconds = there - here + cpu * (n - math.ceil(n / min(cores, n)))
             estimates.append(seconds / reference)
-            lines.append(f"| {env_id} | {n} | {cpu * 1e6:.0f} us ({cpu / reference:.2f} units) | {here * 1e6:.0f} us "
-                         f"| {there * 1e6:.0f} us | {seconds * 1e6:.0f} us ({estimates[-1]:.1f} units) | "
-                         f"{'this process' if picked == 0 else 'workers'} | "
-                         f"{'this process' if here <= there else 'workers'} |")  # fmt: skip
+            lines.append(
+                f"| {env_id} | {n} | {cpu * 1e6:.0f} us ({cpu / reference:.2f} units) | {here * 1e6:.0f} us "
+                f"| {there * 1e6:.0f} us | {seconds * 1e6:.0f} us ({estimates[-1]:.1f} units) | "
+                f"{'this process' if picked == 0 else 'workers'} | "
+                f"{'this process' if here <= there else 'workers'} |"
+            )
             print(lines[-1], flush=True)
     round_trip = statistics.median(estimates)
     low, high = (np.percentile(estimates, q) for q in (25, 75))
-    lines += ["", f"Round trip of real envs: median **{round_trip:.1f} units** (quartiles {low:.1f}-{high:.1f}) of "
-              "reference work: what ROUND_TRIP in common/vecenv/layout.py is set from."]  # fmt: skip
+    lines += [
+        "",
+        f"Round trip of real envs: median **{round_trip:.1f} units** (quartiles {low:.1f}-{high:.1f}) of "
+        "reference work: what ROUND_TRIP in common/vecenv/layout.py is set from.",
+    ]
     args.out.write_text("\n".join(lines) + "\n")
     print(f"round trip {round_trip:.1f} units; written to {args.out}")
 

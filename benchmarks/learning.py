@@ -1,23 +1,32 @@
-"""Learning results of the two scripts, measured: mean raw return of the last 20 episodes of each run, and curves.
+"""Learning results of the two scripts, measured: mean raw return of the last 20 episodes of each
+run, and curves.
 
-    python benchmarks/learning.py cartpole                # the mission's command, CartPole-v1, 8 envs, seeds 1-10
-    python benchmarks/learning.py cartpole-ablation       # the same without reward normalization (CleanRL's ppo.py)
+    # the mission's command, CartPole-v1, 8 envs, seeds 1-10
+    python benchmarks/learning.py cartpole
+    # the same without reward normalization (CleanRL's ppo.py)
+    python benchmarks/learning.py cartpole-ablation
     python benchmarks/learning.py pendulum                # Pendulum-v1 with the README's flags, seeds 1-10
     python benchmarks/learning.py acrobot                 # Acrobot-v1 with the README's flags, seeds 1-10
-    python benchmarks/learning.py mujoco                  # the MuJoCo preset on 4 envs (v5), 1M steps, seeds 1-3
-    python benchmarks/learning.py breakout                # ppo_atari_multigpu.py, 1M steps, seed 1 (~40 min, 2 cores)
-    python benchmarks/learning.py breakout-ranks          # 2 ranks x 4 envs vs 1 rank x 8 envs (same global batch)
+    # the MuJoCo preset on 4 envs (v5), 1M steps, seeds 1-3
+    python benchmarks/learning.py mujoco
+    # ppo_atari_multigpu.py, 1M steps, seed 1 (~40 min, 2 cores)
+    python benchmarks/learning.py breakout
+    # 2 ranks x 4 envs vs 1 rank x 8 envs (same global batch)
+    python benchmarks/learning.py breakout-ranks
     python benchmarks/learning.py CASE --seeds 101 102    # other seeds (the ppo_vec cases)
-    python benchmarks/learning.py CASE --runs DIR         # runs in DIR; those already there are summarized, not rerun
-    python benchmarks/learning.py CASE --runs DIR --finished-only   # run nothing: the finished runs, the rest listed
+    # runs in DIR; those already there are summarized, not rerun
+    python benchmarks/learning.py CASE --runs DIR
+    # run nothing: the finished runs, the rest listed
+    python benchmarks/learning.py CASE --runs DIR --finished-only
 
-Each run is the script's own command line (printed), in a scratch folder (or DIR with --runs), `--jobs` at a time
-(results do not depend on it: a run gives the same numbers alone or beside another). Writes
-benchmarks/results/learning_CASE.md, .json and .png (episodic return against global step, 20-episode mean), and
-for the ppo_vec cases the learning diagnostics (entropy, approx_kl, explained variance, value loss) per seed; the
-.json keeps the curves as drawn (smoothed, at most 300 points each), not every episode. The
-statistics over seeds (mean +- std, IQM with a 95% bootstrap interval) and the curve bands come from
-common/sweep/report.py, as the sweep's report does (python -m common.sweep ... --report).
+Each run is the script's own command line (printed), in a scratch folder (or DIR with --runs),
+`--jobs` at a time (results do not depend on it: a run gives the same numbers alone or beside
+another). Writes benchmarks/results/learning_CASE.md, .json and .png (episodic return against global
+step, 20-episode mean), and for the ppo_vec cases the learning diagnostics (entropy, approx_kl,
+explained variance, value loss) per seed; the .json keeps the curves as drawn (smoothed, at most 300
+points each), not every episode. The statistics over seeds (mean +- std, IQM with a 95% bootstrap
+interval) and the curve bands come from common/sweep/report.py, as the sweep's report does (python
+-m common.sweep ... --report).
 """
 
 from __future__ import annotations
@@ -39,19 +48,28 @@ from common.sweep.report import read_scalars  # noqa: E402
 
 VEC, ATARI = str(REPO / "ppo_vec.py"), str(REPO / "ppo_atari_multigpu.py")
 CARTPOLE = "--env-id CartPole-v1 --num-envs 8"  # the mission's command: every other flag at its default
-PENDULUM = "--env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 300000 --gamma 0.9 --learning-rate 1e-3"
-PENDULUM += " --update-epochs 10 --num-minibatches 8 --ent-coef 0 --no-norm-obs"
+PENDULUM = "--env-id Pendulum-v1 --num-envs 8 --num-steps 256 --total-timesteps 300000 --gamma 0.9"
+PENDULUM += " --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 --ent-coef 0 --no-norm-obs"
 ACROBOT = "--env-id Acrobot-v1 --num-envs 16"
-# CleanRL's continuous-control settings (ppo_continuous_action.py) on 8 envs x 256 steps: the same batch of 2048
-MUJOCO = "--num-envs 8 --num-steps 256 --learning-rate 3e-4 --num-minibatches 32 --update-epochs 10 --ent-coef 0"
+# CleanRL's continuous-control settings (ppo_continuous_action.py) on 8 envs x 256 steps: the same
+# batch of 2048
+MUJOCO = (
+    "--num-envs 8 --num-steps 256 --learning-rate 3e-4 --num-minibatches 32 --update-epochs 10 --ent-coef 0"
+)
 MUJOCO_ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5"]
 CLEANRL_MUJOCO = {  # CleanRL's published ppo_continuous_action.py results, v4 envs, 1M steps, 3 seeds
-    "HalfCheetah-v5": "1442.6 +- 46.0 (v4)", "Hopper-v5": "2382.9 +- 271.7 (v4)", "Walker2d-v5": "2288.0 +- 571.8 (v4)",
+    "HalfCheetah-v5": "1442.6 +- 46.0 (v4)",
+    "Hopper-v5": "2382.9 +- 271.7 (v4)",
+    "Walker2d-v5": "2288.0 +- 571.8 (v4)",
     "InvertedPendulum-v5": "963.1 +- 22.2 (v4)",
-}  # fmt: skip
+}
 VEC_CASES = {  # case -> (target, flags, default seeds)
     "cartpole": ("last-20 mean return >= 475 on every seed", CARTPOLE, range(1, 11)),
-    "cartpole-ablation": ("the same, without reward normalization", CARTPOLE + " --no-norm-reward", range(1, 11)),
+    "cartpole-ablation": (
+        "the same, without reward normalization",
+        CARTPOLE + " --no-norm-reward",
+        range(1, 11),
+    ),
     "pendulum": ("last-20 mean return >= -300 on every seed", PENDULUM, range(1, 11)),
     "acrobot": ("reported (no target set)", ACROBOT, range(1, 11)),
 }
@@ -64,11 +82,21 @@ OTHER_CASES = {
         "the same learning curve within noise, same global batch",
         {
             "1 rank x 8 envs": [ATARI, "--total-timesteps", "200000", "--local-num-envs", "8"],
-            "2 ranks x 4 envs": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", ATARI,
-                                 "--total-timesteps", "200000", "--local-num-envs", "4"],
+            "2 ranks x 4 envs": [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                ATARI,
+                "--total-timesteps",
+                "200000",
+                "--local-num-envs",
+                "4",
+            ],
         },
     ),
-}  # fmt: skip
+}
 DIAGNOSTICS = ["losses/entropy", "losses/approx_kl", "losses/explained_variance", "losses/value_loss"]
 
 
@@ -77,7 +105,9 @@ def commands(case: str, seeds: list[int] | None) -> tuple[str, dict[str, list[st
         target = "at or above CleanRL's mean on each env (theirs v4, ours v5)"
         flags = [*MUJOCO.split(), "--total-timesteps", "1000000"]
         runs = [(env, seed) for env in MUJOCO_ENVS for seed in seeds or [1, 2, 3]]
-        return target, {f"{env} seed {s}": [VEC, "--env-id", env, *flags, "--seed", str(s)] for env, s in runs}
+        return target, {
+            f"{env} seed {s}": [VEC, "--env-id", env, *flags, "--seed", str(s)] for env, s in runs
+        }
     if case in OTHER_CASES:
         return OTHER_CASES[case]
     target, flags, default_seeds = VEC_CASES[case]
@@ -95,7 +125,9 @@ def main() -> None:
     parser.add_argument("case", choices=sorted(VEC_CASES) + sorted(OTHER_CASES) + ["mujoco"])
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds to run instead of the case's own")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept")
+    parser.add_argument(
+        "--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept"
+    )
     parser.add_argument("--finished-only", action="store_true", help="with --runs: summarize what finished")
     args = parser.parse_args()
     target, cmds = commands(args.case, args.seeds)
@@ -113,7 +145,11 @@ def main() -> None:
     if args.runs is None:
         args.runs = Path(tempfile.mkdtemp(prefix=f"learning-{args.case}-"))
     print(f"runs go to {args.runs} (kept: summarize them again with --runs {args.runs})", flush=True)
-    todo = {label: cmd for label, cmd in cmds.items() if not (args.runs / label.replace(" ", "_") / "runs").exists()}
+    todo = {
+        label: cmd
+        for label, cmd in cmds.items()
+        if not (args.runs / label.replace(" ", "_") / "runs").exists()
+    }
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in [
             pool.submit(run, label, cmd, args.runs / label.replace(" ", "_")) for label, cmd in todo.items()
@@ -122,8 +158,10 @@ def main() -> None:
 
     lines = [
         f"Learning, {args.case} (target: {target}). Machine: {MACHINE}.",
-        f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw return of its last 20",
-        "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% bootstrap interval.",
+        f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw "
+        "return of its last 20",
+        "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% "
+        "bootstrap interval.",
         "",
         "| run | command | episodes | last-20 mean return |",
         "|---|---|---|---|",
@@ -136,7 +174,9 @@ def main() -> None:
         finals[label] = report.final_return(run_dir)
         curves[label] = smoothed(steps, returns, 20)
         diagnostics[label] = {
-            tag: smoothed(*zip(*scalars[tag], strict=True), 5, points=150) for tag in DIAGNOSTICS if scalars.get(tag)
+            tag: smoothed(*zip(*scalars[tag], strict=True), 5, points=150)
+            for tag in DIAGNOSTICS
+            if scalars.get(tag)
         }
         shown = " ".join(Path(c).name if c in (VEC, ATARI) else c for c in cmd)
         lines.append(f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |")
@@ -154,8 +194,11 @@ def main() -> None:
             runs = {group: [folders[label] for label in labels]}
             save_png(report.plot_groups(runs, png, f"{group}, ppo_vec.py preset"))
             lines += ["", f"![{group}]({png.name})"]
-    plt = save(f"learning_{args.case}", lines, {"finals": finals, "stats": stats, "curves": curves,
-                                                "diagnostics": diagnostics})  # fmt: skip
+    plt = save(
+        f"learning_{args.case}",
+        lines,
+        {"finals": finals, "stats": stats, "curves": curves, "diagnostics": diagnostics},
+    )
     if plt is None or args.case == "mujoco":
         return
     panels = ["return"] + (DIAGNOSTICS if args.case in VEC_CASES else [])

@@ -1,15 +1,16 @@
 """Repeated preemption: a CartPole run stopped N times, as a scheduler stops a job, then resumed to its end.
 
-    python benchmarks/preempt.py                        # 5 stops, seed 1, 500k steps (the README's CartPole run)
+    # 5 stops, seed 1, 500k steps (the README's CartPole run)
+    python benchmarks/preempt.py
     python benchmarks/preempt.py --stops 10 --seed 3 --num-workers 0   # envs in the trainer
 
-Each stop comes at a random moment of training and sends SIGTERM to every process of the run (trainer, env
-workers, watcher), in a random order spread over up to 20 ms, as SLURM or Kubernetes do. Each stopped run must
-exit 143 with a checkpoint; each next one resumes from it with `--resume`; the last one runs to the end and must
-exit 0. Then the run's TensorBoard curve is checked: every per-iteration scalar logged exactly once per iteration,
-no iteration missing, and the episodes' steps never going back. An uninterrupted run of the same seed is shown
-beside it (the checkpoints a stop writes start fresh episodes, so the two runs differ, but both should reach
-500).
+Each stop comes at a random moment of training and sends SIGTERM to every process of the run
+(trainer, env workers, watcher), in a random order spread over up to 20 ms, as SLURM or Kubernetes
+do. Each stopped run must exit 143 with a checkpoint; each next one resumes from it with `--resume`;
+the last one runs to the end and must exit 0. Then the run's TensorBoard curve is checked: every
+per-iteration scalar logged exactly once per iteration, no iteration missing, and the episodes'
+steps never going back. An uninterrupted run of the same seed is shown beside it (the checkpoints a
+stop writes start fresh episodes, so the two runs differ, but both should reach 500).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def check_curve(run_dir: Path, batch: int, total: int) -> tuple[int, float]:
     expected = [batch * (i + 1) for i in range(iterations)]
     for tag in ("losses/value_loss", "losses/policy_loss", "charts/learning_rate", "charts/SPS"):
         steps = [step for step, _ in scalars[tag]]
-        assert steps == expected, f"{tag}: {len(steps)} points for {iterations} iterations; repeated or missing steps"
+        assert steps == expected, (
+            f"{tag}: {len(steps)} points for {iterations} iterations; repeated or missing steps"
+        )
     episodes = [step for step, _ in scalars["charts/episodic_return"]]
     assert episodes == sorted(episodes), "episode steps go back: an iteration was logged twice"
     returns = [value for _, value in scalars["charts/episodic_return"]]
@@ -83,7 +86,9 @@ def main() -> None:
     parser.add_argument("--stops", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=500_000)
-    parser.add_argument("--num-workers", type=int, default=2, help="env worker processes (0: envs in the trainer)")
+    parser.add_argument(
+        "--num-workers", type=int, default=2, help="env worker processes (0: envs in the trainer)"
+    )
     parser.add_argument("--batch", type=int, default=1024, help="ppo_vec.py's default num-envs x num-steps")
     parser.add_argument("--stop-seed", type=int, default=0, help="seeds the stop moments and signal orders")
     args = parser.parse_args()

@@ -17,18 +17,21 @@ MACHINE = f"{platform.processor() or platform.machine()}, {CORES} cores, Python 
 
 
 def save(stem: str, lines: list[str], data: dict):
-    """Writes results/{stem}.md and .json (compact: one line), prints the table; returns matplotlib.pyplot for the
-    plot, or None."""
+    """Writes results/{stem}.md and .json (compact: one line), prints the table; returns
+    matplotlib.pyplot for the plot, or None."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"machine": MACHINE, **data}, separators=(",", ":")) + "\n")
+    (RESULTS / f"{stem}.json").write_text(
+        json.dumps({"machine": MACHINE, **data}, separators=(",", ":")) + "\n"
+    )
     print("\n".join(lines))
     return pyplot()
 
 
 def smoothed(steps, values, window: int, points: int = 300) -> tuple[list[int], list[float]]:
-    """The `window`-point running mean of values against steps, at most `points` of it evenly spread (the last kept),
-    values to 4 significant digits: what a plot draws, and what results/*.json keep of a curve."""
+    """The `window`-point running mean of values against steps, at most `points` of it evenly spread
+    (the last kept), values to 4 significant digits: what a plot draws, and what results/*.json keep
+    of a curve."""
     values = np.asarray(values, dtype=np.float64)
     if len(values) >= window:
         values = np.convolve(values, np.ones(window) / window, mode="valid")
@@ -38,15 +41,17 @@ def smoothed(steps, values, window: int, points: int = 300) -> tuple[list[int], 
 
 
 def save_png(fig_or_path, path: Path | None = None) -> Path:
-    """Saves a matplotlib figure as path (or takes the PNG already at path) and keeps it small: 64 colours, optimized
-    (a third of the size, the same look), as results/ should be."""
+    """Saves a matplotlib figure as path (or takes the PNG already at path) and keeps it small: 64
+    colours, optimized (a third of the size, the same look), as results/ should be."""
     from PIL import Image
 
     if path is None:
         path = Path(fig_or_path)
     else:
         fig_or_path.savefig(path, dpi=100)
-    Image.open(path).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    Image.open(path).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(
+        path, optimize=True
+    )
     return path
 
 
@@ -64,9 +69,9 @@ def pyplot():
 
 
 def venv_python(venv: Path, *installs: list[str]) -> tuple[str, list[str] | None]:
-    """The python of a peer's own venv, and its pip command when the venv was just made (torch first: the CPU build
-    on this disk, so that no pin pulls a CUDA build), with each list of `installs` installed in order; (python, None)
-    when it was there already."""
+    """The python of a peer's own venv, and its pip command when the venv was just made (torch
+    first: the CPU build on this disk, so that no pin pulls a CUDA build), with each list of
+    `installs` installed in order; (python, None) when it was there already."""
     python = venv / "bin" / "python"
     if python.exists():
         return str(python), None

@@ -1,20 +1,24 @@
-"""What ppo_atari_multigpu.py should do on GPUs: a model of its SPS on 1, 2 and 8 GPUs and on 4 nodes x 8 GPUs.
+"""What ppo_atari_multigpu.py should do on GPUs: a model of its SPS on 1, 2 and 8 GPUs and on 4
+nodes x 8 GPUs.
 
     python benchmarks/scaling_model.py                    # the model from its stated parameters
-    python benchmarks/scaling_model.py --measure          # measure this machine's parts first (about a minute)
+    # measure this machine's parts first (about a minute)
+    python benchmarks/scaling_model.py --measure
     python benchmarks/scaling_model.py --measure --device cuda   # what benchmarks/gpu_check.sh runs
 
-A PREDICTION, not a measurement. One iteration of a rank (the script is synchronous: rollout, then update) takes
+A PREDICTION, not a measurement. One iteration of a rank (the script is synchronous: rollout, then
+update) takes
 
     num_steps x (env step of its local_num_envs + inference) + update + all-reduces,
 
-and the job's SPS is ranks x local_num_envs x num_steps / that. The env step: the rank's envs are spread over
-min(envs, cores per GPU - 1) workers (the trainer keeps a core), each stepping its share one after another at the
-per-core rate of our Atari pipeline, plus SubprocVecEnv's round trip. The all-reduces: update_epochs x
-num_minibatches per iteration, each of the Nature CNN's gradient, costed as a ring (2 (p-1)/p x bytes / bus
-bandwidth + 2 (p-1) x latency), with no overlap with the backward pass (DDP overlaps some: the model errs slow).
-Every number is a named parameter below with where it comes from; `--measure` replaces those marked "measured"
-with this machine's own figures (on --device cuda the inference and update are the GPU's).
+and the job's SPS is ranks x local_num_envs x num_steps / that. The env step: the rank's envs are
+spread over min(envs, cores per GPU - 1) workers (the trainer keeps a core), each stepping its share
+one after another at the per-core rate of our Atari pipeline, plus SubprocVecEnv's round trip. The
+all-reduces: update_epochs x num_minibatches per iteration, each of the Nature CNN's gradient,
+costed as a ring (2 (p-1)/p x bytes / bus bandwidth + 2 (p-1) x latency), with no overlap with the
+backward pass (DDP overlaps some: the model errs slow). Every number is a named parameter below with
+where it comes from; `--measure` replaces those marked "measured" with this machine's own figures
+(on --device cuda the inference and update are the GPU's).
 """
 
 from __future__ import annotations
@@ -43,10 +47,15 @@ def param(default, source: str):
 
 @dataclass
 class Parameters:
-    ale_steps_per_core: float = param(2100.0, "measured (--measure): one Breakout of make_env, random actions")
-    roundtrip_seconds: float = param(150e-6, "measured (--measure): SubprocVecEnv step of do-nothing 4x84x84 envs")
+    ale_steps_per_core: float = param(
+        2100.0, "measured (--measure): one Breakout of make_env, random actions"
+    )
+    roundtrip_seconds: float = param(
+        150e-6, "measured (--measure): SubprocVecEnv step of do-nothing 4x84x84 envs"
+    )
     inference_seconds: float = param(
-        0.6e-3, "per rollout step on a GPU; ASSUMED: launch-bound CNN forward of 8 stacks, ~20 kernels + 2 copies"
+        0.6e-3,
+        "per rollout step on a GPU; ASSUMED: launch-bound CNN forward of 8 stacks, ~20 kernels + 2 copies",
     )
     update_seconds: float = param(
         0.10, "per iteration on a GPU; ASSUMED: 16 minibatches of 256 at ~6 ms (forward, backward, Adam)"
@@ -56,7 +65,9 @@ class Parameters:
     nvlink_busbw: float = param(100e9, "bytes/s in a node; ASSUMED: NVLink nccl-tests bus bandwidth at ~7 MB")
     network_busbw: float = param(12e9, "bytes/s across nodes; ASSUMED: one 100 Gb/s NIC per node")
     latency_seconds: float = param(20e-6, "per ring step; ASSUMED: NCCL small-message latency")
-    cores_per_gpu: int = param(12, "ASSUMED: 96 vCPUs for 8 GPUs (AWS p4d.24xlarge; a DGX H100 has 224 threads)")
+    cores_per_gpu: int = param(
+        12, "ASSUMED: 96 vCPUs for 8 GPUs (AWS p4d.24xlarge; a DGX H100 has 224 threads)"
+    )
     local_num_envs: int = param(8, "the script's default")
     num_steps: int = param(128, "the script's default")
 
@@ -87,8 +98,12 @@ def iteration(p: Parameters, ranks: int = 1, nodes: int = 1, cores: int | None =
 
 def predict(p: Parameters) -> list[dict]:
     rows = []
-    for label, ranks, nodes in (("1 GPU", 1, 1), ("2 GPUs, one node", 2, 1), ("8 GPUs, one node", 8, 1),
-                                ("4 nodes x 8 GPUs", 32, 4)):  # fmt: skip
+    for label, ranks, nodes in (
+        ("1 GPU", 1, 1),
+        ("2 GPUs, one node", 2, 1),
+        ("8 GPUs, one node", 8, 1),
+        ("4 nodes x 8 GPUs", 32, 4),
+    ):
         parts = iteration(p, ranks, nodes)
         sps = ranks * p.local_num_envs * p.num_steps / sum(parts.values())
         rows.append({"label": label, "ranks": ranks, "parts": parts, "sps": sps})
@@ -99,7 +114,8 @@ def predict(p: Parameters) -> list[dict]:
 
 
 class Blank(gym.Env):
-    """A do-nothing env with Breakout's observation (4x84x84 uint8): what SubprocVecEnv alone costs per step."""
+    """A do-nothing env with Breakout's observation (4x84x84 uint8): what SubprocVecEnv alone
+    costs per step."""
 
     observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     action_space = gym.spaces.Discrete(4)
@@ -148,12 +164,19 @@ def measure(p: Parameters, device: str, iterations: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as cwd:
         batch = p.local_num_envs * p.num_steps
-        cmd = [sys.executable, str(REPO / "ppo_atari_multigpu.py"), "--total-timesteps", str(batch * iterations)]
+        cmd = [
+            sys.executable,
+            str(REPO / "ppo_atari_multigpu.py"),
+            "--total-timesteps",
+            str(batch * iterations),
+        ]
         cmd += ["--local-num-envs", str(p.local_num_envs), "--num-steps", str(p.num_steps)]
         cmd += [] if device == "cuda" else ["--no-cuda"]
         subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, timeout=900)
         scalars = read_scalars(next((Path(cwd) / "runs").iterdir()))
-    part = {name: [v for _, v in scalars[f"perf/{name}_seconds"]][1:] for name in ("env", "inference", "update")}
+    part = {
+        name: [v for _, v in scalars[f"perf/{name}_seconds"]][1:] for name in ("env", "inference", "update")
+    }
     found["inference_seconds"] = statistics.median(part["inference"]) / p.num_steps
     found["update_seconds"] = statistics.median(part["update"])
     found["run_env_seconds"] = statistics.median(part["env"])  # what the model's env part is checked against
@@ -162,9 +185,15 @@ def measure(p: Parameters, device: str, iterations: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--measure", action="store_true", help="replace the measured parameters by this machine's")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where --measure runs the agent")
-    parser.add_argument("--iterations", type=int, default=6, help="of the measuring run (the first is not counted)")
+    parser.add_argument(
+        "--measure", action="store_true", help="replace the measured parameters by this machine's"
+    )
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="where --measure runs the agent"
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=6, help="of the measuring run (the first is not counted)"
+    )
     for f in fields(Parameters):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     args = parser.parse_args()
@@ -180,21 +209,27 @@ def main() -> None:
         unused = "" if args.device == "cuda" else " (not used: the model is for GPUs)"
         print(
             f"this machine ({os.cpu_count()} cores, agent on {args.device}): inference "
-            f"{found['inference_seconds']:.4f} s per step, update {found['update_seconds']:.3f} s an iteration{unused};"
-            f" the model's env part {here:.3f} s per iteration, the measuring run's {found['run_env_seconds']:.3f} s"
+            f"{found['inference_seconds']:.4f} s per step, update {found['update_seconds']:.3f} s "
+            f"an iteration{unused};"
+            f" the model's env part {here:.3f} s per iteration, the measuring run's "
+            f"{found['run_env_seconds']:.3f} s"
         )
 
     print("parameters:")
     for f in fields(Parameters):
         print(f"  {f.name} = {getattr(p, f.name):.4g}  ({source[f.name]})")
-    print(f"\nPREDICTED SPS of ppo_atari_multigpu.py, {p.cores_per_gpu} cores per GPU (a model, not a measurement):\n")
+    print(
+        f"\nPREDICTED SPS of ppo_atari_multigpu.py, {p.cores_per_gpu} cores per GPU (a model, not "
+        "a measurement):\n"
+    )
     print("| GPUs | env s | inference s | update s | all-reduce s | SPS | speedup | efficiency |")
     print("|---|---|---|---|---|---|---|---|")
     for row in predict(p):
         parts = row["parts"]
         print(
             f"| {row['label']} | {parts['env']:.3f} | {parts['inference']:.3f} | {parts['update']:.3f} | "
-            f"{parts['all-reduce']:.4f} | {row['sps']:,.0f} | {row['speedup']:.1f}x | {row['efficiency']:.0%} |"
+            f"{parts['all-reduce']:.4f} | {row['sps']:,.0f} | {row['speedup']:.1f}x | "
+            f"{row['efficiency']:.0%} |"
         )
 
 

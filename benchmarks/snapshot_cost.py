@@ -1,15 +1,18 @@
-"""What keeping the state of each iteration boundary costs a run: the scripts' default runs as they are, against the
-same runs with the boundary's state kept only where a save needs it (the first boundary and the last), alternated.
+"""What keeping the state of each iteration boundary costs a run: the scripts' default runs as they
+are, against the same runs with the boundary's state kept only where a save needs it (the first
+boundary and the last), alternated.
 
-    python benchmarks/snapshot_cost.py                 # CartPole (ppo_vec.py) and Breakout (ppo_atari_multigpu.py)
+    # CartPole (ppo_vec.py) and Breakout (ppo_atari_multigpu.py)
+    python benchmarks/snapshot_cost.py
     python benchmarks/snapshot_cost.py --repeats 5
 
-Both sides do the same work but for the kept state: the same flags, seeds, envs and updates (the state is kept
-between iterations, so what it costs lands in the iteration's time). Each run is the script as a user runs it, in a
-process of its own, its Run's boundary timed from inside: wall time, and the trainer thread's CPU time (in the
-trainer, TensorBoard's writer thread, woken by the iteration's logging, takes the GIL in turns with the boundary: wall
-time counts its work too). An iteration is from one boundary's start to the next one's; per run the median, over
-runs the median. Writes results/snapshot_cost.md and .json.
+Both sides do the same work but for the kept state: the same flags, seeds, envs and updates (the
+state is kept between iterations, so what it costs lands in the iteration's time). Each run is the
+script as a user runs it, in a process of its own, its Run's boundary timed from inside: wall time,
+and the trainer thread's CPU time (in the trainer, TensorBoard's writer thread, woken by the
+iteration's logging, takes the GIL in turns with the boundary: wall time counts its work too). An
+iteration is from one boundary's start to the next one's; per run the median, over runs the median.
+Writes results/snapshot_cost.md and .json.
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ from benchmarks.report import MACHINE, save  # noqa: E402
 
 CASES = {  # the scripts' default commands, long enough for many iterations
     "CartPole-v1, ppo_vec.py, 8 envs in the trainer": ("ppo_vec.py", ["--total-timesteps", str(48 * 1024)]),
-    "Breakout, ppo_atari_multigpu.py, 8 envs in workers": ("ppo_atari_multigpu.py", ["--total-timesteps", "8192"]),
+    "Breakout, ppo_atari_multigpu.py, 8 envs in workers": (
+        "ppo_atari_multigpu.py",
+        ["--total-timesteps", "8192"],
+    ),
 }
 
-# Runs the script as __main__ with Run._boundary timed (KEEP=0: the state kept at the first and last boundary only)
+# Runs the script as __main__ with Run._boundary timed (KEEP=0: the state kept at the first and last
+# boundary only)
 DRIVER = r"""
 import json, os, runpy, sys, time
 from common.run import run
@@ -60,15 +67,22 @@ def measure(script: str, flags: list[str], keep: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as cwd:
         out = Path(cwd) / "times.json"
         env = dict(os.environ, PYTHONPATH=str(REPO), KEEP=str(int(keep)))
-        done = subprocess.run([sys.executable, "-c", DRIVER, str(out), str(REPO / script), *flags], cwd=cwd, env=env,
-                              capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER, str(out), str(REPO / script), *flags],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{script} failed: {done.stderr[-2000:]}")
         times = json.loads(out.read_text())[1:-1]  # the first and the last boundary: kept on both sides
     starts = [start for start, _, _ in times]
-    return {"iteration": statistics.median(b - a for a, b in zip(starts, starts[1:], strict=False)),
-            "wall": statistics.median(wall for _, wall, _ in times),
-            "cpu": statistics.median(cpu for _, _, cpu in times)}  # fmt: skip
+    return {
+        "iteration": statistics.median(b - a for a, b in zip(starts, starts[1:], strict=False)),
+        "wall": statistics.median(wall for _, wall, _ in times),
+        "cpu": statistics.median(cpu for _, _, cpu in times),
+    }
 
 
 def main() -> None:
@@ -85,17 +99,23 @@ def main() -> None:
         with_it, without = (statistics.median(r["iteration"] for r in side) for side in (kept, not_kept))
         wall, cpu = (statistics.median(r[key] for r in kept) for key in ("wall", "cpu"))
         data[label] = {"kept": kept, "not kept": not_kept}
-        share = {key: f"{value * 1e3:.1f} ms ({100 * value / with_it:.1f}%)" for key, value in
-                 (("wall", wall), ("cpu", cpu))}  # fmt: skip
-        rows.append(f"| {label} | {with_it:.3f} s | {without:.3f} s | {100 * (with_it / without - 1):+.1f}% | "
-                    f"{share['wall']} | {share['cpu']} |")  # fmt: skip
+        share = {
+            key: f"{value * 1e3:.1f} ms ({100 * value / with_it:.1f}%)"
+            for key, value in (("wall", wall), ("cpu", cpu))
+        }
+        rows.append(
+            f"| {label} | {with_it:.3f} s | {without:.3f} s | {100 * (with_it / without - 1):+.1f}% | "
+            f"{share['wall']} | {share['cpu']} |"
+        )
     lines = [
         "# What keeping each iteration boundary's state costs",
         "",
-        f"`python benchmarks/snapshot_cost.py --repeats {args.repeats}`, {time.strftime('%Y-%m-%d')}, {MACHINE}. "
+        f"`python benchmarks/snapshot_cost.py --repeats {args.repeats}`, "
+        f"{time.strftime('%Y-%m-%d')}, {MACHINE}. "
         "Medians over the iterations of a run, then over runs; goal: under 2% of an iteration.",
         "",
-        "| case | iteration, state kept | iteration, not kept | difference | the boundary, wall | the boundary, "
+        "| case | iteration, state kept | iteration, not kept | difference | the boundary, wall | "
+        "the boundary, "
         "trainer CPU |",
         "|---|---|---|---|---|---|",
         *rows,

@@ -3,9 +3,10 @@
     python benchmarks/soak.py                          # 500k steps each, seed 1
     python benchmarks/soak.py --total-timesteps 2000000 --crash-every 10000
 
-Both runs use the same seed and flags; the crashing one gets a large --max-restarts budget. While they run, the
-memory of the trainer and of every worker (summed RSS of the process tree) is sampled every few seconds. Reports
-the restarts, the mean return of the last 20 episodes of each run, and the memory at the start and the end.
+Both runs use the same seed and flags; the crashing one gets a large --max-restarts budget. While
+they run, the memory of the trainer and of every worker (summed RSS of the process tree) is sampled
+every few seconds. Reports the restarts, the mean return of the last 20 episodes of each run, and
+the memory at the start and the end.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def run(env_id: str, args, extra: list[str]) -> dict:
         cmd = [sys.executable, str(REPO / "ppo_vec.py"), "--env-id", env_id, "--seed", str(args.seed)]
         cmd += ["--total-timesteps", str(args.total_timesteps), *extra]
         env = dict(os.environ, PYTHONPATH=str(REPO), SOAK_CRASH_EVERY=str(args.crash_every))
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         memory, start = [], time.monotonic()
         while proc.poll() is None:
             memory.append((time.monotonic() - start, tree_rss_mb(proc.pid)))
@@ -93,8 +96,10 @@ def main() -> None:
         early = np.median([m for t, m in memory if t > 10][:3] or [memory[0][1]])
         late = np.median([m for _, m in memory[-3:]])
         print(
-            f"{name:10s}: {result['seconds']:.0f} s, {result['restarts']} worker restarts, mean return of the last "
-            f"20 episodes {result['last20']:.1f}, process-tree RSS {early:.0f} MiB early -> {late:.0f} MiB at the end"
+            f"{name:10s}: {result['seconds']:.0f} s, {result['restarts']} worker restarts, mean "
+            "return of the last "
+            f"20 episodes {result['last20']:.1f}, process-tree RSS {early:.0f} MiB early -> "
+            f"{late:.0f} MiB at the end"
         )
 
 

@@ -4,25 +4,28 @@
     python benchmarks/stops.py --stops 20 --cases vec-workers atari-2 --load 0
 
 Cases (each with --checkpoint-interval 1, so that many stops fall during a save):
-  vec-default     ppo_vec.py's own command (CartPole, 8 envs, its default layout: in the trainer); SIGINT or SIGTERM to
-                  the trainer
-  vec-in-process  ppo_vec.py, 4 CartPoles in the trainer (--num-workers 0), small iterations; SIGINT or SIGTERM to the
-                  trainer
-  vec-workers     ppo_vec.py, CartPole in 2 workers; SIGINT or SIGTERM to every process of the run, in a random order
+  vec-default     ppo_vec.py's own command (CartPole, 8 envs, its default layout: in the trainer);
+                  SIGINT or SIGTERM to the trainer
+  vec-in-process  ppo_vec.py, 4 CartPoles in the trainer (--num-workers 0), small iterations; SIGINT
+                  or SIGTERM to the trainer
+  vec-workers     ppo_vec.py, CartPole in 2 workers; SIGINT or SIGTERM to every process of the run,
+                  in a random order
   atari-1         ppo_atari_multigpu.py, one rank; SIGINT or SIGTERM to every process, in a random order
-  atari-2         ppo_atari_multigpu.py, two ranks under torchrun; SIGTERM to every process of the job (the launcher
-                  too, which forwards its own), in a random order
-  crashing        ppo_vec.py on a CartPole whose workers die about every 50 steps (--max-restarts 100000): SIGTERM to
-                  the workers, the forkserver and every other helper, then 200 ms later to the trainer
+  atari-2         ppo_atari_multigpu.py, two ranks under torchrun; SIGTERM to every process of the job
+                  (the launcher too, which forwards its own), in a random order
+  crashing        ppo_vec.py on a CartPole whose workers die about every 50 steps (--max-restarts
+                  100000): SIGTERM to the workers, the forkserver and every other helper, then 200 ms
+                  later to the trainer
 
-A case's runs are timed once to their end; each stop then comes at a random moment between the launch and that end
-(start-up included). A stop passes when every process of the job has ended within 10 s of the first signal, the
-trainer exited 128 + its signal (or was ended by the signal itself, while Python was still importing torch: the
-shell's 130/143 too; under torchrun, whose launcher exits its own way, rank 0's summary.json says "stopped by", if
-the run got that far), a
-checkpoint exists whenever an iteration had been logged, and a resume from that checkpoint to two more iterations
-logs every iteration exactly once. Prints each stop, then per case and in all: the count, the median and the slowest
-time to end, and every failure; the summary also goes to benchmarks/results/stops.md.
+A case's runs are timed once to their end; each stop then comes at a random moment between the
+launch and that end (start-up included). A stop passes when every process of the job has ended
+within 10 s of the first signal, the trainer exited 128 + its signal (or was ended by the signal
+itself, while Python was still importing torch: the shell's 130/143 too; under torchrun, whose
+launcher exits its own way, rank 0's summary.json says "stopped by", if the run got that far), a
+checkpoint exists whenever an iteration had been logged, and a resume from that checkpoint to two
+more iterations logs every iteration exactly once. Prints each stop, then per case and in all: the
+count, the median and the slowest time to end, and every failure; the summary also goes to
+benchmarks/results/stops.md.
 """
 
 from __future__ import annotations
@@ -66,17 +69,27 @@ class Case:
         script = str(REPO / self.script)
         if self.ranks == 1:
             return [sys.executable, script, *self.args, *extra]
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}"]
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={self.ranks}",
+        ]
         return [*launcher, script, *self.args, *extra]
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CASES = {
-    "vec-default": Case("ppo_vec.py", ["--env-id", "CartPole-v1", "--num-envs", "8"], 1024, SIGNALS, "trainer"),
+    "vec-default": Case(
+        "ppo_vec.py", ["--env-id", "CartPole-v1", "--num-envs", "8"], 1024, SIGNALS, "trainer"
+    ),
     "vec-in-process": Case("ppo_vec.py", [*VEC_TINY, "--num-workers", "0"], 128, SIGNALS, "trainer"),
     "vec-workers": Case("ppo_vec.py", [*VEC_TINY, "--num-workers", "2"], 128, SIGNALS, "all"),
     "atari-1": Case("ppo_atari_multigpu.py", [*ATARI_TINY, "--num-workers", "1"], 16, SIGNALS, "all"),
-    "atari-2": Case("ppo_atari_multigpu.py", [*ATARI_TINY, "--num-workers", "1"], 32, (signal.SIGTERM,), "all", 2),
+    "atari-2": Case(
+        "ppo_atari_multigpu.py", [*ATARI_TINY, "--num-workers", "1"], 32, (signal.SIGTERM,), "all", 2
+    ),
     "crashing": Case(
         "ppo_vec.py",
         [
@@ -92,7 +105,7 @@ CASES = {
         (signal.SIGTERM,),
         "others-first",
         env={"SOAK_CRASH_EVERY": "50"},
-    ),  # fmt: skip
+    ),
 }
 ITERATIONS = {"vec-default": 12}  # a run's length: ~10 s of training here
 ITERATIONS_OF_SCRIPT = {"ppo_vec.py": 60, "ppo_atari_multigpu.py": 30}
@@ -100,8 +113,15 @@ ITERATIONS_OF_SCRIPT = {"ppo_vec.py": 60, "ppo_atari_multigpu.py": 30}
 
 def launch(case: Case, cwd: str, extra: list[str]) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **case.env)
-    return subprocess.Popen(case.command(extra), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        case.command(extra),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def family(proc: subprocess.Popen) -> set[int]:
@@ -109,7 +129,8 @@ def family(proc: subprocess.Popen) -> set[int]:
 
 
 def trainers(case: Case, proc: subprocess.Popen) -> set[int]:
-    """The processes that run the script's main: the launched one, or torchrun's ranks (its direct children)."""
+    """The processes that run the script's main: the launched one, or torchrun's ranks (its
+    direct children)."""
     if case.ranks == 1:
         return {proc.pid}
     return {pid for pid in descendants(proc.pid) if _parent(pid) == proc.pid}
@@ -148,7 +169,8 @@ def send(case: Case, proc: subprocess.Popen, sig: signal.Signals, rng: random.Ra
 
 
 def ended(proc: subprocess.Popen, pids: set[int], deadline: float) -> bool:
-    """Waits until the launched process has exited and every pid of the job is gone, or the deadline passes."""
+    """Waits until the launched process has exited and every pid of the job is gone, or the
+    deadline passes."""
     while time.monotonic() < deadline:
         if proc.poll() is not None and not [pid for pid in pids if alive(pid)]:
             return True
@@ -185,9 +207,15 @@ def one_stop(case: Case, total: int, seconds: float, rng: random.Random, sig: si
             _, err = proc.communicate()
             if proc.returncode == 0:
                 return {"outcome": "finished first", "delay": delay}
-            return {"outcome": f"failed before the signal, exit {proc.returncode}: {err.strip().splitlines()[-3:]}",
-                    "delay": delay, "seconds": 0.0, "exit": proc.returncode, "signal": sig.name,
-                    "iterations_logged": 0}  # fmt: skip
+            return {
+                "outcome": f"failed before the signal, exit {proc.returncode}: "
+                f"{err.strip().splitlines()[-3:]}",
+                "delay": delay,
+                "seconds": 0.0,
+                "exit": proc.returncode,
+                "signal": sig.name,
+                "iterations_logged": 0,
+            }
         first = send(case, proc, sig, rng)
         pids |= family(proc)
         done = ended(proc, pids, first + GIVE_UP)
@@ -210,9 +238,11 @@ def one_stop(case: Case, total: int, seconds: float, rng: random.Random, sig: si
         summary = json.loads(summary_file.read_text()) if summary_file and summary_file.exists() else {}
         if summary.get("status") == "done":  # the signal came as the run (or torchrun, after it) was ending
             return {"outcome": "finished first", "delay": delay}
-        if case.ranks == 1 and proc.returncode not in (128 + sig, -sig):  # -sig: before Python set its handlers
+        # -sig: before Python set its handlers
+        if case.ranks == 1 and proc.returncode not in (128 + sig, -sig):
             problems.append(f"exit {proc.returncode}: {err.strip().splitlines()[-1:] if err.strip() else ''}")
-        if case.ranks > 1 and summary and not summary["status"].startswith("stopped by"):  # rank 0's own account
+        # rank 0's own account
+        if case.ranks > 1 and summary and not summary["status"].startswith("stopped by"):
             problems.append(f"summary.json says {summary['status']!r}: {err.strip().splitlines()[-3:]}")
         logged = logged_iterations(run_dir)
         checkpoint = checkpoint_of(run_dir)
@@ -283,29 +313,43 @@ def main() -> None:
                 print(f"    {name}: the run ended before the signal ({result['delay']:.1f} s)", flush=True)
                 continue
             delivered += 1
-            print(f"{delivered:3d} {name}: {sig.name} at {result['delay']:.1f} s, ended in {result['seconds']:.2f} s, "
-                  f"exit {result['exit']}, {result['iterations_logged']} iterations logged: {result['outcome']}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{delivered:3d} {name}: {sig.name} at {result['delay']:.1f} s, ended in "
+                f"{result['seconds']:.2f} s, "
+                f"exit {result['exit']}, {result['iterations_logged']} iterations logged: "
+                f"{result['outcome']}",
+                flush=True,
+            )
     finally:
         for loop in loops:
             loop.kill()
     command = " ".join(["python benchmarks/stops.py", *sys.argv[1:]])
-    lines = [f"# Stops on a loaded machine ({args.load} busy loops beside the runs)", "",
-             f"`{command}`, {time.strftime('%Y-%m-%d')}, {MACHINE}. A stop passes when every process of the job "
-             "ended within 10 s of the first signal with the stop's exit status, a checkpoint exists whenever an "
-             "iteration had been logged, and a resume logs every iteration once (see the script's docstring).", "",
-             "| case | stops | failed | median time to end | slowest |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Stops on a loaded machine ({args.load} busy loops beside the runs)",
+        "",
+        f"`{command}`, {time.strftime('%Y-%m-%d')}, {MACHINE}. A stop passes when every process of the job "
+        "ended within 10 s of the first signal with the stop's exit status, a checkpoint exists whenever an "
+        "iteration had been logged, and a resume logs every iteration once (see the script's docstring).",
+        "",
+        "| case | stops | failed | median time to end | slowest |",
+        "|---|---|---|---|---|",
+    ]
     everything, failures = [], []
     for name, rows in [*results.items(), ("all", None)]:
         rows = [r for r in (rows if rows is not None else everything) if r["outcome"] != "finished first"]
         if name != "all":
             everything += rows
-            failures += [f"- {name}: {r['signal']} at {r['delay']:.1f} s: {r['outcome']}" for r in rows
-                         if r["outcome"] != "ok"]  # fmt: skip
+            failures += [
+                f"- {name}: {r['signal']} at {r['delay']:.1f} s: {r['outcome']}"
+                for r in rows
+                if r["outcome"] != "ok"
+            ]
         if rows:
             times = [r["seconds"] for r in rows]
             failed = sum(r["outcome"] != "ok" for r in rows)
-            lines.append(f"| {name} | {len(rows)} | {failed} | {statistics.median(times):.2f} s | {max(times):.2f} s |")
+            lines.append(
+                f"| {name} | {len(rows)} | {failed} | {statistics.median(times):.2f} s | {max(times):.2f} s |"
+            )
     lines += ["", "Failures:" if failures else "No stop failed.", *failures]
     print("\n" + "\n".join(lines))
     (RESULTS / "stops.md").write_text("\n".join(lines) + "\n")

@@ -1,18 +1,20 @@
 """Training speed (SPS) of ppo_vec.py and ppo_atari_multigpu.py against a CleanRL-style loop, side by side.
 
-    python benchmarks/train_speed.py                  # CartPole at 1, 2, 4, 8, 16 envs, Breakout at 8; 3 repetitions
+    # CartPole at 1, 2, 4, 8, 16 envs, Breakout at 8; 3 repetitions
+    python benchmarks/train_speed.py
     python benchmarks/train_speed.py --quick          # CartPole at 1 and 8 envs only, 1 repetition
     python benchmarks/train_speed.py --baseline REV   # also the scripts as they were at git revision REV
-    python benchmarks/train_speed.py --cleanrl DIR    # also CleanRL's own scripts, from a checkout of it in DIR
+    # also CleanRL's own scripts, from a checkout of it in DIR
+    python benchmarks/train_speed.py --cleanrl DIR
     python benchmarks/train_speed.py --cleanrl DIR --hopper   # ... and a whole 1M-step Hopper run of each
 
-`--cleanrl DIR`: CleanRL's ppo.py and ppo_atari.py as published (tested at its commit fe8d8a0, fetch it with
-`git clone https://github.com/vwxyzjn/cleanrl DIR && git -C DIR checkout fe8d8a0`), in a venv of their own
-(benchmarks/.venv-cleanrl, made once with CleanRL's pins: gymnasium 0.29.1, ale-py 0.8.1 with the ROMs of the
-ale-py 0.9.1 wheel, mujoco 2.3.3; the PyPI `cleanrl` package ships only older scripts for Python < 3.11). Their
-envs are the v4 ones that gymnasium 0.29 has (Hopper-v4 where ours is Hopper-v5). `--hopper` times CleanRL's
-ppo_continuous_action.py (1 env x 2048 steps) against ppo_vec.py's continuous preset for a whole 1M-step run each,
-wall time from start to exit.
+`--cleanrl DIR`: CleanRL's ppo.py and ppo_atari.py as published (tested at its commit fe8d8a0, fetch
+it with `git clone https://github.com/vwxyzjn/cleanrl DIR && git -C DIR checkout fe8d8a0`), in a
+venv of their own (benchmarks/.venv-cleanrl, made once with CleanRL's pins: gymnasium 0.29.1, ale-py
+0.8.1 with the ROMs of the ale-py 0.9.1 wheel, mujoco 2.3.3; the PyPI `cleanrl` package ships only
+older scripts for Python < 3.11). Their envs are the v4 ones that gymnasium 0.29 has (Hopper-v4
+where ours is Hopper-v5). `--hopper` times CleanRL's ppo_continuous_action.py (1 env x 2048 steps)
+against ppo_vec.py's continuous preset for a whole 1M-step run each, wall time from start to exit.
 
 Every run is a fresh subprocess, as a user runs it; repetitions are interleaved (ours, reference, ours, ...).
 SPS counts from the first step (env start-up excluded, as both scripts report it). For ours, the time per
@@ -53,11 +55,12 @@ HOPPER_PRESET = [
     "10",
     "--ent-coef",
     "0",
-]  # fmt: skip  (the README's continuous preset)
+]
 
 
 def cleanrl_python() -> str:
-    """CleanRL's own venv, with the pins of its requirements at fe8d8a0 (torch: the CPU build on this disk)."""
+    """CleanRL's own venv, with the pins of its requirements at fe8d8a0 (torch: the CPU build on
+    this disk)."""
     pins = ["gymnasium==0.29.1", "numpy==1.24.4", "tyro==0.5.10", "tensorboard==2.11.2", "protobuf==3.20.3"]
     pins += ["mujoco==2.3.3", "imageio", "ale-py==0.8.1", "shimmy==1.1.0", "opencv-python-headless==4.7.0.72"]
     python, pip = venv_python(CLEANRL_VENV, pins)
@@ -65,14 +68,16 @@ def cleanrl_python() -> str:
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([*pip[:-2], "download", "-q", "--no-deps", "ale-py==0.9.1", "-d", tmp], check=True)
             wheel = next(Path(tmp).glob("ale_py-0.9.1-*.whl"))
-            subprocess.run(["unzip", "-oq", "-j", str(wheel), "ale_py/roms/*.bin", "-d", f"{tmp}/roms"], check=True)
+            subprocess.run(
+                ["unzip", "-oq", "-j", str(wheel), "ale_py/roms/*.bin", "-d", f"{tmp}/roms"], check=True
+            )
             subprocess.run([str(CLEANRL_VENV / "bin" / "ale-import-roms"), f"{tmp}/roms"], check=True)
     return python
 
 
 def run(cmd: list[str], env: dict | None = None) -> tuple[int, dict]:
-    """Runs one training command in a scratch folder: its last SPS, its wall time from start to exit ("wall") and,
-    for ours, median per-iteration seconds."""
+    """Runs one training command in a scratch folder: its last SPS, its wall time from start to exit
+    ("wall") and, for ours, median per-iteration seconds."""
     with tempfile.TemporaryDirectory() as cwd:
         start = time.perf_counter()
         out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=7200, env=env)
@@ -98,9 +103,15 @@ def main() -> None:
     parser.add_argument("--no-atari", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--baseline", help="a git revision whose scripts run beside today's, interleaved")
-    parser.add_argument("--cleanrl", type=Path, help="a checkout of CleanRL: its scripts run beside ours, interleaved")
-    parser.add_argument("--hopper", action="store_true", help="with --cleanrl: a 1M-step Hopper run of each, once")
-    parser.add_argument("--hopper-steps", type=int, default=1_000_000, help="with --hopper: the runs' total steps")
+    parser.add_argument(
+        "--cleanrl", type=Path, help="a checkout of CleanRL: its scripts run beside ours, interleaved"
+    )
+    parser.add_argument(
+        "--hopper", action="store_true", help="with --cleanrl: a 1M-step Hopper run of each, once"
+    )
+    parser.add_argument(
+        "--hopper-steps", type=int, default=1_000_000, help="with --hopper: the runs' total steps"
+    )
     args = parser.parse_args()
     if args.quick:
         args.num_envs, args.repetitions, args.no_atari = [1, 8], 1, True
@@ -109,17 +120,24 @@ def main() -> None:
     cleanrl = None
     if args.cleanrl:
         cleanrl = {"python": cleanrl_python(), "dir": args.cleanrl.resolve()}
-        cleanrl["env"] = dict(os.environ, PYTHONPATH=str(cleanrl["dir"]))  # ppo_atari.py imports cleanrl_utils
+        # ppo_atari.py imports cleanrl_utils
+        cleanrl["env"] = dict(os.environ, PYTHONPATH=str(cleanrl["dir"]))
 
     baseline = None
     if args.baseline:  # the scripts and common/ of that revision, unpacked into a folder of their own
         baseline = Path(tempfile.mkdtemp(prefix="baseline-"))
-        archive = subprocess.run(["git", "archive", args.baseline, "ppo_vec.py", "ppo_atari_multigpu.py", "common"],
-                                 cwd=REPO, capture_output=True, check=True).stdout  # fmt: skip
+        archive = subprocess.run(
+            ["git", "archive", args.baseline, "ppo_vec.py", "ppo_atari_multigpu.py", "common"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
 
     def published(script: str, *flags: str) -> tuple[list[str], dict]:
-        return [cleanrl["python"], str(cleanrl["dir"] / "cleanrl" / script), *flags, "--no-cuda"], cleanrl["env"]
+        return [cleanrl["python"], str(cleanrl["dir"] / "cleanrl" / script), *flags, "--no-cuda"], cleanrl[
+            "env"
+        ]
 
     cases = {}  # label -> {backend: (argv, environment or None)}
     for n in args.num_envs:
@@ -138,9 +156,20 @@ def main() -> None:
         flags = ["--local-num-envs", "8", "--total-timesteps", str(steps)]
         case = cases["Breakout, 8 envs, 1 rank"] = {
             "ours": ([py, ours_atari, *flags], None),
-            "reference": ([py, reference, "--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "8", "--iterations",
-                           str(args.atari_iterations)], None),
-        }  # fmt: skip
+            "reference": (
+                [
+                    py,
+                    reference,
+                    "--env-id",
+                    "BreakoutNoFrameskip-v4",
+                    "--num-envs",
+                    "8",
+                    "--iterations",
+                    str(args.atari_iterations),
+                ],
+                None,
+            ),
+        }
         if baseline:
             case["baseline"] = ([py, str(baseline / "ppo_atari_multigpu.py"), *flags], None)
         if cleanrl:
@@ -153,13 +182,17 @@ def main() -> None:
                 samples[label][name].append(sps)
                 if name == "ours":
                     samples[label]["breakdown"].append(breakdown)
-            print(f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds), flush=True)
+            print(
+                f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds),
+                flush=True,
+            )
     hopper = None
     if args.hopper and cleanrl:  # one whole run each, ours first
         steps = ["--total-timesteps", str(args.hopper_steps), "--seed", "1"]
         ours_sps, ours = run([py, ours_vec, "--env-id", "Hopper-v5", *HOPPER_PRESET, *steps])
-        theirs_sps, theirs = run(published("ppo_continuous_action.py", "--env-id", "Hopper-v4", *steps)[0],
-                                 cleanrl["env"])  # fmt: skip
+        theirs_sps, theirs = run(
+            published("ppo_continuous_action.py", "--env-id", "Hopper-v4", *steps)[0], cleanrl["env"]
+        )
         hopper = {"ours": (ours_sps, ours["wall"]), "CleanRL": (theirs_sps, theirs["wall"])}
         walls = f"ours {ours['wall']:.0f} s, CleanRL {theirs['wall']:.0f} s"
         print(f"Hopper, {args.hopper_steps} steps: {walls}", flush=True)
@@ -171,10 +204,15 @@ def write_report(samples, args, hopper=None) -> None:
     extra = [name for name in ("baseline", "CleanRL") if getattr(args, name.lower())]
     also = "".join(f" --{name.lower()} {getattr(args, name.lower())}" for name in extra)
     lines = [
-        f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
+        f"Training SPS, median of {args.repetitions} interleaved runs; reference: "
+        "benchmarks/cleanrl_reference.py",
         "(a CleanRL-style loop over SyncVectorEnv)"
         + (f"; baseline: the scripts at git revision {args.baseline}" if args.baseline else "")
-        + ("; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own" if args.cleanrl else "")
+        + (
+            "; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own"
+            if args.cleanrl
+            else ""
+        )
         + f". Machine: {machine}.",
         f"Command: `python benchmarks/train_speed.py{also}`.",
         "Per-iteration seconds of ours (medians): env wait / inference and bookkeeping / update.",
@@ -196,14 +234,19 @@ def write_report(samples, args, hopper=None) -> None:
         lines.append(row + " " + " | ".join(f"{p:.3f}" for p in parts) + " |")
     one, eight = summary.get("CartPole-v1, 1 envs"), summary.get("CartPole-v1, 8 envs")
     if one and eight:
-        lines += ["", f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x."]
+        lines += [
+            "",
+            f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x.",
+        ]
     if hopper:
         (ours_sps, ours_wall), (theirs_sps, theirs_wall) = hopper["ours"], hopper["CleanRL"]
         lines += [
             "",
-            f"A whole run, seed 1, {args.hopper_steps} steps: ppo_vec.py Hopper-v5 with the continuous preset "
+            f"A whole run, seed 1, {args.hopper_steps} steps: ppo_vec.py Hopper-v5 with the "
+            "continuous preset "
             f"{ours_wall:.0f} s "
-            f"({ours_sps} SPS); CleanRL's ppo_continuous_action.py Hopper-v4 (1 env x 2048 steps) {theirs_wall:.0f} s "
+            f"({ours_sps} SPS); CleanRL's ppo_continuous_action.py Hopper-v4 (1 env x 2048 steps) "
+            f"{theirs_wall:.0f} s "
             f"({theirs_sps} SPS): {theirs_wall / ours_wall:.2f}x the wall time of ours.",
         ]
         summary["hopper"] = hopper
@@ -211,7 +254,9 @@ def write_report(samples, args, hopper=None) -> None:
     if plt is None:
         return
     points = sorted(
-        (int(label.split(", ")[1].split()[0]), v) for label, v in summary.items() if label.startswith("CartPole")
+        (int(label.split(", ")[1].split()[0]), v)
+        for label, v in summary.items()
+        if label.startswith("CartPole")
     )
     if points:
         fig, ax = plt.subplots(figsize=(6, 4))

@@ -1,19 +1,24 @@
-"""Env-only throughput (env steps/s, random actions) of SubprocVecEnv against its peers, measured side by side.
+"""Env-only throughput (env steps/s, random actions) of SubprocVecEnv against its peers, measured
+side by side.
 
     pip install -e ".[bench]"
-    python benchmarks/vecenv_throughput.py                 # CartPole-v1 and Breakout, N in 1 4 8 16, 5 repetitions
-    python benchmarks/vecenv_throughput.py --puffer        # ... and PufferLib, in a venv of its own (made once)
+    # CartPole-v1 and Breakout, N in 1 4 8 16, 5 repetitions
+    python benchmarks/vecenv_throughput.py
+    # ... and PufferLib, in a venv of its own (made once)
+    python benchmarks/vecenv_throughput.py --puffer
     python benchmarks/vecenv_throughput.py --quick         # a smoke run: N=8 only, 2 repetitions
 
-Backends: ours (its default, measured layout; all envs in this process; one worker per core), gymnasium's
-SyncVectorEnv and AsyncVectorEnv (shared memory), SB3's SubprocVecEnv, EnvPool and ale-py's C++ AtariVectorEnv where
-installed, and with --puffer PufferLib's Multiprocessing backend (pufferlib-core; the best of 1 and 2 workers).
-PufferLib pins a CUDA build of torch that its vector module does not use, so it gets benchmarks/.venv-pufferlib with
-`pip install --no-deps pufferlib-core` next to this project; nothing of it is needed elsewhere. Breakout gets the same
-DeepMind preprocessing everywhere (ppo_atari_multigpu.make_env for the Python backends; EnvPool and ale-py set up to
-do the same work, as benchmarks/peers.py says and tests/test_atari_peers.py checks). Repetitions run interleaved,
-A B C A B C ..., so drift on a noisy machine hits every backend alike; the report gives medians and ratios to
-SyncVectorEnv at the same N. Writes a markdown table, a JSON file and a PNG plot into benchmarks/results/.
+Backends: ours (its default, measured layout; all envs in this process; one worker per core),
+gymnasium's SyncVectorEnv and AsyncVectorEnv (shared memory), SB3's SubprocVecEnv, EnvPool and
+ale-py's C++ AtariVectorEnv where installed, and with --puffer PufferLib's Multiprocessing backend
+(pufferlib-core; the best of 1 and 2 workers). PufferLib pins a CUDA build of torch that its vector
+module does not use, so it gets benchmarks/.venv-pufferlib with `pip install --no-deps
+pufferlib-core` next to this project; nothing of it is needed elsewhere. Breakout gets the same
+DeepMind preprocessing everywhere (ppo_atari_multigpu.make_env for the Python backends; EnvPool and
+ale-py set up to do the same work, as benchmarks/peers.py says and tests/test_atari_peers.py
+checks). Repetitions run interleaved, A B C A B C ..., so drift on a noisy machine hits every
+backend alike; the report gives medians and ratios to SyncVectorEnv at the same N. Writes a markdown
+table, a JSON file and a PNG plot into benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -94,7 +99,9 @@ def builders(env_name: str, n: int) -> dict:
         if env_name == "CartPole-v1":
             import envpool
 
-            found["EnvPool"] = lambda: gym_runner("EnvPool", envpool.make_gymnasium("CartPole-v1", num_envs=n))
+            found["EnvPool"] = lambda: gym_runner(
+                "EnvPool", envpool.make_gymnasium("CartPole-v1", num_envs=n)
+            )
         else:  # set up as ours, see benchmarks/peers.py (tests/test_atari_peers.py checks it)
             found["EnvPool"] = lambda: gym_runner("EnvPool", peers.envpool_vector(n))
     if env_name != "CartPole-v1":
@@ -121,22 +128,33 @@ def draw_actions(env_name: str, n: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, action_n, size=(100 if env_name == "CartPole-v1" else 20, n))
 
 
-# ------------------------------------------------------------------------------------------------------- PufferLib
+# -------------------------------------------------------------------------------------------------------
+# PufferLib
 def puffer_python() -> str:
-    """PufferLib's own venv: this project and pufferlib-core (its torch==2.9.0 pin left out: torch is already here)."""
+    """PufferLib's own venv: this project and pufferlib-core (its torch==2.9.0 pin left out: torch
+    is already here)."""
     python, _ = venv_python(PUFFER_VENV, ["-e", str(REPO)], ["--no-deps", "pufferlib-core"], ["psutil"])
     return python
 
 
 def puffer_measure(env_name: str, n: int, workers: int, seconds: float) -> float:
-    """Runs in PufferLib's venv: steps/s of pufferlib.vector.Multiprocessing with `workers` busy-waiting workers."""
+    """Runs in PufferLib's venv: steps/s of pufferlib.vector.Multiprocessing with `workers`
+    busy-waiting workers."""
     import pufferlib.emulation
     import pufferlib.vector
 
     fns = env_fns(env_name, n)
     creators = [functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=fn) for fn in fns]
-    vecenv = pufferlib.vector.make(creators, env_args=[[]] * n, env_kwargs=[{}] * n, num_envs=n, num_workers=workers,
-                                   batch_size=n, overwork=True, backend=pufferlib.vector.Multiprocessing)  # fmt: skip
+    vecenv = pufferlib.vector.make(
+        creators,
+        env_args=[[]] * n,
+        env_kwargs=[{}] * n,
+        num_envs=n,
+        num_workers=workers,
+        batch_size=n,
+        overwork=True,
+        backend=pufferlib.vector.Multiprocessing,
+    )
     vecenv.async_reset(0)
     vecenv.recv()
 
@@ -163,16 +181,21 @@ def puffer_runs(env_name: str, n: int, seconds: float) -> float:
     return best
 
 
-# ------------------------------------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------------------------------------
+# main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Breakout"])
     parser.add_argument("--num-envs", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="minimum length of one measurement")
-    parser.add_argument("--puffer", action="store_true", help="also PufferLib, from benchmarks/.venv-pufferlib")
+    parser.add_argument(
+        "--puffer", action="store_true", help="also PufferLib, from benchmarks/.venv-pufferlib"
+    )
     parser.add_argument("--quick", action="store_true", help="N=8 only, 2 repetitions")
-    parser.add_argument("--replot", action="store_true", help="redraw the PNG from the last JSON, measure nothing")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw the PNG from the last JSON, measure nothing"
+    )
     parser.add_argument("--puffer-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.puffer_child:
@@ -220,11 +243,13 @@ def main() -> None:
 def write_report(results, layouts, args) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     lines = [
-        f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), and the ratio",
+        f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), "
+        "and the ratio",
         f"to gymnasium's SyncVectorEnv at the same N. Machine: {MACHINE}.",
         f"Command: `python benchmarks/vecenv_throughput.py{' --puffer' if args.puffer else ''}`.",
         "ours (default): the layout SubprocVecEnv measures and picks (below); in-process: every env in the",
-        f"calling process; workers: one worker per core ({CORES}). PufferLib: Multiprocessing, best of 1 and 2",
+        f"calling process; workers: one worker per core ({CORES}). PufferLib: Multiprocessing, "
+        "best of 1 and 2",
         "workers.",
         "",
         "| env | N | " + " | ".join(backends) + " |",
@@ -232,7 +257,9 @@ def write_report(results, layouts, args) -> None:
     ]
     for env_name, n in dict.fromkeys((r["env"], r["n"]) for r in results):
         row = {r["backend"]: r for r in results if r["env"] == env_name and r["n"] == n}
-        cells = [f"{row[b]['median'] / 1000:.2f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends]
+        cells = [
+            f"{row[b]['median'] / 1000:.2f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends
+        ]
         lines.append(f"| {env_name} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "The layout ours (default) picked, with what it measured:", ""]
     lines += [f"- {key}: {layout}" for key, layout in layouts.items()]
@@ -245,15 +272,21 @@ def plot(plt, results, machine) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     envs = list(dict.fromkeys(r["env"] for r in results))
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
-    colors = dict(zip(backends, plt.get_cmap("tab10" if len(backends) <= 10 else "tab20").colors, strict=False))
+    colors = dict(
+        zip(backends, plt.get_cmap("tab10" if len(backends) <= 10 else "tab20").colors, strict=False)
+    )
     for ax, env_name in zip(axes[0], envs, strict=True):
         for backend in backends:
-            points = sorted((r["n"], r["median"]) for r in results if r["env"] == env_name and r["backend"] == backend)
+            points = sorted(
+                (r["n"], r["median"]) for r in results if r["env"] == env_name and r["backend"] == backend
+            )
             if points:
                 style = "-o" if backend.startswith("ours") else "--s"
                 ax.plot(*zip(*points, strict=True), style, label=backend, color=colors[backend])
         ax.set(title=env_name, xlabel="number of envs N", ylabel="env steps/s", xscale="log", yscale="log")
-        ax.set_xticks(sorted({r["n"] for r in results}), labels=[str(n) for n in sorted({r["n"] for r in results})])
+        ax.set_xticks(
+            sorted({r["n"] for r in results}), labels=[str(n) for n in sorted({r["n"] for r in results})]
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"Vector env throughput, {machine}")

@@ -13,39 +13,47 @@ from .vecenv.env_state import chain
 
 
 class AtariPipeline(gym.Wrapper):
-    """DeepMind's preprocessing in one wrapper around an ALE env made with frameskip=1 and obs_type="ram" (it reads the
-    frames it keeps from the emulator): noop reset (up to noop_max), frame skip with a max over the last two frames,
-    84x84 gray, a lost life ends the episode while the game goes on, FIRE (then action 2) after a reset where the game
-    has FIRE, rewards clipped to their sign, 4 frames stacked; its episode statistics are raw, full-game scores. It
-    gives gymnasium's own wrapper chain's numbers step for step (benchmarks/peers.py, tested), driving the emulator
-    through its ALEInterface instead of through seven wrappers per frame: a wrapper below it would miss every frame, so
-    wrap it instead (RecordVideo, with render_mode="rgb_array", records each agent step)."""
+    """DeepMind's preprocessing in one wrapper around an ALE env made with frameskip=1 and
+    obs_type="ram" (it reads the frames it keeps from the emulator): noop reset (up to noop_max),
+    frame skip with a max over the last two frames, 84x84 gray, a lost life ends the episode while
+    the game goes on, FIRE (then action 2) after a reset where the game has FIRE, rewards clipped to
+    their sign, 4 frames stacked; its episode statistics are raw, full-game scores. It gives
+    gymnasium's own wrapper chain's numbers step for step (benchmarks/peers.py, tested), driving the
+    emulator through its ALEInterface instead of through seven wrappers per frame: a wrapper below
+    it would miss every frame, so wrap it instead (RecordVideo, with render_mode="rgb_array",
+    records each agent step)."""
 
     def __init__(self, env: gym.Env, noop_max: int = 30, frame_skip: int = 4, size: int = 84, stack: int = 4):
         below = [type(e).__name__ for e in chain(env)[:-1]]
         if set(below) - {"OrderEnforcing", "PassiveEnvChecker"}:
-            raise ValueError(f"AtariPipeline drives the emulator itself: the wrappers below it ({', '.join(below)}) "
-                             "would miss every frame; wrap the pipeline instead")  # fmt: skip
+            raise ValueError(
+                f"AtariPipeline drives the emulator itself: the wrappers below it ({', '.join(below)}) "
+                "would miss every frame; wrap the pipeline instead"
+            )
         super().__init__(env)
         self.ale = env.unwrapped.ale
         self.action_set = env.unwrapped._action_set  # action index -> the ALE's action
         self.noop_max, self.frame_skip, self.size = noop_max, frame_skip, size
         self.fire = env.unwrapped.get_action_meanings()[1:2] == ["FIRE"] and env.action_space.n >= 3
         height, width = self.ale.getScreenDims()
-        self.screens = np.zeros((2, height, width), np.uint8)  # the last two frames of a step, max-pooled
+        # the last two frames of a step, max-pooled
+        self.screens = np.zeros((2, height, width), np.uint8)
         self.frames = np.zeros((stack, size, size), np.uint8)  # the stack, oldest first
         self.observation_space = gym.spaces.Box(0, 255, (stack, size, size), np.uint8)
-        self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()  # RecordEpisodeStatistics
+        # RecordEpisodeStatistics
+        self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
         self.lives, self.game_over = 0, True  # EpisodicLifeEnv
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self._life_step(action)
         self.frames[:-1] = self.frames[1:]
         self.frames[-1] = obs
-        return self.frames.copy(), np.float64(min(max(reward, -1.0), 1.0)), terminated, truncated, info  # ClipReward
+        # ClipReward
+        return self.frames.copy(), np.float64(min(max(reward, -1.0), 1.0)), terminated, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        # The steps of a reset whose observation the next one replaces are not resized (a lost life costs 3 steps)
+        # The steps of a reset whose observation the next one replaces are not resized (a lost life
+        # costs 3 steps)
         obs, info = self._life_reset(seed, options, resize=not self.fire)
         for action in (1, 2) if self.fire else ():  # FireResetEnv
             obs, _, terminated, truncated, _ = self._life_step(action, resize=action == 2)
@@ -65,7 +73,8 @@ class AtariPipeline(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
     def _life_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
-        """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op step."""
+        """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op
+        step."""
         if self.game_over or seed is not None:
             obs, info = self._game_reset(seed, options, resize)
         else:
@@ -76,8 +85,9 @@ class AtariPipeline(gym.Wrapper):
         return obs, info
 
     def _skip(self, action: int, resize: bool = True) -> tuple:
-        """AtariPreprocessing.step: the action repeated frame_skip times, the last two frames max-pooled (and, unless
-        told not to, resized: the max stays in the buffer, as the next step's may read it)."""
+        """AtariPreprocessing.step: the action repeated frame_skip times, the last two frames
+        max-pooled (and, unless told not to, resized: the max stays in the buffer, as the next
+        step's may read it)."""
         total, terminated, truncated, ale_action = 0.0, False, False, self.action_set[action]
         for t in range(self.frame_skip):
             reward, terminated, truncated = self._frame(ale_action)
@@ -89,7 +99,8 @@ class AtariPipeline(gym.Wrapper):
         return self._observe(resize), total, terminated, truncated, self._info(terminated or truncated)
 
     def _game_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
-        """AtariPreprocessing.reset: the game reset (the env's reset seeds the ALE), then 1 to noop_max no-ops."""
+        """AtariPreprocessing.reset: the game reset (the env's reset seeds the ALE), then 1 to
+        noop_max no-ops."""
         _, info = self.env.reset(seed=seed, options=options)
         self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
         noops = self.env.unwrapped.np_random.integers(1, self.noop_max + 1) if self.noop_max > 0 else 0
@@ -104,17 +115,23 @@ class AtariPipeline(gym.Wrapper):
         return self._observe(resize), info
 
     def _frame(self, ale_action: Any) -> tuple[float, bool, bool]:
-        """One emulator frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics counts."""
+        """One emulator frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics
+        counts."""
         reward = self.ale.act(ale_action, 1.0)
         self.game_return += reward
         self.game_frames += 1
-        return reward, self.ale.game_over(False), self.ale.game_truncated()  # game_over(with_truncation=False)
+        # game_over(with_truncation=False)
+        return reward, self.ale.game_over(False), self.ale.game_truncated()
 
     def _info(self, ended: bool) -> dict[str, Any]:
-        """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game ended."""
+        """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game
+        ended."""
         ale = self.ale
-        info = {"lives": ale.lives(), "episode_frame_number": ale.getEpisodeFrameNumber(),
-                "frame_number": ale.getFrameNumber()}  # fmt: skip
+        info = {
+            "lives": ale.lives(),
+            "episode_frame_number": ale.getEpisodeFrameNumber(),
+            "frame_number": ale.getFrameNumber(),
+        }
         if ended:
             elapsed, self.game_start = round(time.perf_counter() - self.game_start, 6), time.perf_counter()
             info["episode"] = {"r": self.game_return, "l": self.game_frames, "t": elapsed}
@@ -122,4 +139,8 @@ class AtariPipeline(gym.Wrapper):
 
     def _observe(self, resize: bool = True) -> np.ndarray | None:
         np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
-        return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA) if resize else None
+        return (
+            cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA)
+            if resize
+            else None
+        )

@@ -1,5 +1,6 @@
-"""SubprocVecEnv: a gymnasium VectorEnv whose envs step in Pipe-connected worker processes (or in the calling process,
-where that is safe and faster), with SyncVectorEnv(autoreset_mode=SAME_STEP)'s results. Its parts are in vecenv/.
+"""SubprocVecEnv: a gymnasium VectorEnv whose envs step in Pipe-connected worker processes (or in
+the calling process, where that is safe and faster), with SyncVectorEnv(autoreset_mode=SAME_STEP)'s
+results. Its parts are in vecenv/.
 
     envs = SubprocVecEnv([lambda: gym.make("CartPole-v1") for _ in range(8)])
     obs, infos = envs.reset(seed=1)  # env i is seeded with 1 + i
@@ -31,7 +32,8 @@ from .vecenv.worker import Command
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout"]
 
 _log = logging.getLogger(__name__)
-DEFAULT_SPIN = 0.02  # seconds a worker polls for its next command, while commands come within it (worker_spin)
+# seconds a worker polls for its next command, while commands come within it (worker_spin)
+DEFAULT_SPIN = 0.02
 
 
 class AsyncState(enum.Enum):
@@ -41,28 +43,36 @@ class AsyncState(enum.Enum):
 
 
 class SubprocVecEnv(VectorEnv):
-    """A finished env is reset within the step, its last observation and info in infos["final_obs"] and
-    infos["final_info"]. Observations, actions, rewards and flags live in one shared-memory block the workers write in
-    place; the pipe carries a command byte and a reply byte, and infos. A failure in a worker (an exception, a crash, a
-    kill) is a WorkerError naming the env, the command and the remote traceback; every wait on a worker is bounded (a
-    WorkerTimeout past it). Workers and what their envs start end soon after the trainer dies, SIGKILL included.
+    """A finished env is reset within the step, its last observation and info in infos["final_obs"]
+    and infos["final_info"]. Observations, actions, rewards and flags live in one shared-memory
+    block the workers write in place; the pipe carries a command byte and a reply byte, and infos. A
+    failure in a worker (an exception, a crash, a kill) is a WorkerError naming the env, the command
+    and the remote traceback; every wait on a worker is bounded (a WorkerTimeout past it). Workers
+    and what their envs start end soon after the trainer dies, SIGKILL included.
 
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
-        num_workers: worker processes; 0: every env in this process; None: decided by a probe process (`layout` says
-            where and why): this process only for gymnasium's own pure-Python envs too cheap to gain from workers.
+        num_workers: worker processes; 0: every env in this process; None: decided by a probe
+            process (`layout` says where and why): this process only for gymnasium's own pure-Python
+            envs too cheap to gain from workers.
         envs_per_worker: envs stepped by each worker per round trip (instead of num_workers).
-        context: multiprocessing start method: "forkserver" (default where available), "spawn" or "fork".
-        shared_memory: keep observations in shared memory (spaces that cannot live there go over the pipe anyway).
-        max_restarts: times a crashed, raising or stuck worker may be replaced (its envs' episodes end truncated).
-        step_timeout: seconds a step may take before its worker counts as stuck; it then bounds every wait on a worker.
-            With it or max_restarts, the envs step in workers.
-        max_wait: the bound on every wait on a worker when step_timeout is None (long enough for a slow simulator).
+        context: multiprocessing start method: "forkserver" (default where available), "spawn" or
+            "fork".
+        shared_memory: keep observations in shared memory (spaces that cannot live there go over the
+            pipe anyway).
+        max_restarts: times a crashed, raising or stuck worker may be replaced (its envs' episodes
+            end truncated).
+        step_timeout: seconds a step may take before its worker counts as stuck; it then bounds
+            every wait on a worker. With it or max_restarts, the envs step in workers.
+        max_wait: the bound on every wait on a worker when step_timeout is None (long enough for a
+            slow simulator).
         close_timeout: seconds `close()` waits for workers to exit before killing them.
-        worker_spin: the longest a worker polls for its next command before it sleeps: while commands come within it
-            (a rollout) it stays on its CPU, caches warm. None: 20 ms, or 0 when workers outnumber cores.
-        interrupt: its `fileno()` turns readable when every wait should end, and its `check()` then raises (the scripts
-            pass their stop request); the call stays pending, and close() still ends the workers.
+        worker_spin: the longest a worker polls for its next command before it sleeps: while
+            commands come within it (a rollout) it stays on its CPU, caches warm. None: 20 ms, or 0
+            when workers outnumber cores.
+        interrupt: its `fileno()` turns readable when every wait should end, and its `check()` then
+            raises (the scripts pass their stop request); the call stays pending, and close() still
+            ends the workers.
         probe: what vecenv.layout.probe found of env_fns[-1], if the caller probed it already.
     """
 
@@ -89,7 +99,8 @@ class SubprocVecEnv(VectorEnv):
         self.num_envs = n = len(env_fns)
         self.max_restarts, self.restarts, self.step_timeout = max_restarts, 0, step_timeout
         self.max_wait, self.close_timeout = max_wait, close_timeout
-        self._bound = step_timeout if step_timeout is not None else max_wait  # of every wait on a worker
+        # of every wait on a worker
+        self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
         self._failed: WorkerError | None = None  # an earlier failure leaves this vec env unusable
         self._closing_on_exception = False
@@ -97,7 +108,8 @@ class SubprocVecEnv(VectorEnv):
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
 
-        # Where the envs step: as asked, workers when steps must be bounded or restarted, else decided by a probe
+        # Where the envs step: as asked, workers when steps must be bounded or restarted, else
+        # decided by a probe
         cores = process_control.cores()
         workers, figures = min(cores, n) if num_workers is None else min(num_workers, n), {}
         if envs_per_worker is not None:
@@ -115,11 +127,13 @@ class SubprocVecEnv(VectorEnv):
         self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
         slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
         self.num_workers = len(slices) if workers else 0
-        default_spin = DEFAULT_SPIN if self.num_workers <= cores else 0.0  # a polling worker would take a busy core
+        # a polling worker would take a busy core
+        default_spin = DEFAULT_SPIN if self.num_workers <= cores else 0.0
         self.worker_spin = (default_spin if worker_spin is None else worker_spin) if workers else 0.0
         self.step_seconds = figures.get("step")
         self.layout = layout.describe(n, self.num_workers, figures)
-        self.placement = self.layout.split(" (")[0]  # "8 envs in this process", "8 envs in 2 worker processes"
+        # "8 envs in this process", "8 envs in 2 worker processes"
+        self.placement = self.layout.split(" (")[0]
 
         try:
             context = context or process_control.default_context()
@@ -132,13 +146,17 @@ class SubprocVecEnv(VectorEnv):
             self.close(timeout=1.0)
             raise
 
-    # ----------------------------------------------------------------------------------------------- reset
+    # -----------------------------------------------------------------------------------------------
+    # reset
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
-        """Resets every env (or those in `options["reset_mask"]`); an int seed gives env i the seed `seed + i`."""
+        """Resets every env (or those in `options["reset_mask"]`); an int seed gives env i the seed
+        `seed + i`."""
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
 
-    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+    def reset_async(
+        self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
         self._check_usable("reset_async")
         if seed is None:
             seed = [None] * self.num_envs
@@ -157,7 +175,8 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.RESET, (seed[sl], options, mask[sl]))
 
     def reset_wait(self, timeout: float | None = None):
-        """Waits for the resets sent by reset_async; past `timeout` (default: the bound) a WorkerTimeout."""
+        """Waits for the resets sent by reset_async; past `timeout` (default: the bound) a
+        WorkerTimeout."""
         self._check_waiting(AsyncState.WAITING_RESET)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures:
@@ -172,7 +191,8 @@ class SubprocVecEnv(VectorEnv):
         self._last_obs = self._observations()
         return self._last_obs, infos
 
-    # ------------------------------------------------------------------------------------------------ step
+    # ------------------------------------------------------------------------------------------------
+    # step
     def step(self, actions):
         self.step_async(actions)
         return self.step_wait()
@@ -183,14 +203,17 @@ class SubprocVecEnv(VectorEnv):
         if self._actions_in_shm:
             actions = np.asarray(actions)
             if actions.ndim == 0:
-                raise TypeError(f"step() needs one action per env ({self.num_envs}), got the scalar {actions}")
+                raise TypeError(
+                    f"step() needs one action per env ({self.num_envs}), got the scalar {actions}"
+                )
             if actions.shape[:1] != (self.num_envs,):
                 raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
         else:
             actions = list(iterate(self.action_space, actions))
             if len(actions) != self.num_envs:
                 raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
-        # Same dtype and shape: written once into shared memory. Anything else goes pickled, exactly as given.
+        # Same dtype and shape: written once into shared memory. Anything else goes pickled, exactly
+        # as given.
         in_shm = self._actions_in_shm and actions.dtype == act.dtype and actions.shape == act.shape
         if in_shm:
             act[...] = actions
@@ -199,9 +222,10 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.STEP, None if in_shm else list(actions[sl]))
 
     def step_wait(self, timeout: float | None = None):
-        """Waits for the step sent by `step_async`; past `timeout` (default: the bound) a WorkerTimeout names the slow
-        envs, unless the restart budget allows replacing their workers. A replaced worker's envs report truncated=True,
-        reward 0, `final_obs` = the last observation returned, and `infos["worker_restart"]` True."""
+        """Waits for the step sent by `step_async`; past `timeout` (default: the bound) a
+        WorkerTimeout names the slow envs, unless the restart budget allows replacing their workers.
+        A replaced worker's envs report truncated=True, reward 0, `final_obs` = the last observation
+        returned, and `infos["worker_restart"]` True."""
         self._check_waiting(AsyncState.WAITING_STEP)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
@@ -220,23 +244,34 @@ class SubprocVecEnv(VectorEnv):
             obs_list, extras = reply
             for k, final, info in extras:
                 if final is not None:
-                    infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k)
+                    infos = self._add_info(
+                        infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k
+                    )
                 infos = self._add_info(infos, info, sl.start + k)
             self._store_obs(w, obs_list)
         self._last_obs = self._observations()
         views = self._views
-        return self._last_obs, views["rewards"].copy(), views["terminations"].copy(), views["truncations"].copy(), infos
+        return (
+            self._last_obs,
+            views["rewards"].copy(),
+            views["terminations"].copy(),
+            views["truncations"].copy(),
+            infos,
+        )
 
-    # ------------------------------------------------------------------------------------ call, attributes, states
+    # ------------------------------------------------------------------------------------ call,
+    # attributes, states
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result per env."""
+        """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result per
+        env."""
         return tuple(self._command("call", Command.CALL, lambda sl: (name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        """Sets attribute `name` on every env: one value each from a list/tuple, else the same value for all."""
+        """Sets attribute `name` on every env: one value each from a list/tuple, else the same value
+        for all."""
         self._check_usable("set_attr")
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
@@ -245,19 +280,24 @@ class SubprocVecEnv(VectorEnv):
         self._command("set_attr", Command.SET_ATTR, lambda sl: (name, list(values[sl])))
 
     def save_env_states(self) -> bytes | None:
-        """Every env's whole state and the last observations, as bytes for a checkpoint; None if some env cannot be
-        saved (vecenv/env_state.py says which can). Not ended by the interrupt: a snapshot is whole or none."""
+        """Every env's whole state and the last observations, as bytes for a checkpoint; None if
+        some env cannot be saved (vecenv/env_state.py says which can). Not ended by the interrupt: a
+        snapshot is whole or none."""
         states = self._command("save_env_states", Command.SAVE_STATES, lambda sl: None, interruptible=False)
         if any(state is None for state in states):
             return None
-        return pickle.dumps({"envs": states, "obs": self._last_obs, "env_obs": self._env_obs}, pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(
+            {"envs": states, "obs": self._last_obs, "env_obs": self._env_obs}, pickle.HIGHEST_PROTOCOL
+        )
 
     def load_env_states(self, saved: bytes) -> Any:
-        """Puts back the envs `save_env_states` saved; returns their last observations. Unpickles: load only what you
-        saved."""
+        """Puts back the envs `save_env_states` saved; returns their last observations. Unpickles:
+        load only what you saved."""
         data = pickle.loads(saved)
         if len(data["envs"]) != self.num_envs:
-            raise ValueError(f"load_env_states() got the states of {len(data['envs'])} envs for {self.num_envs}")
+            raise ValueError(
+                f"load_env_states() got the states of {len(data['envs'])} envs for {self.num_envs}"
+            )
         self._command("load_env_states", Command.LOAD_STATES, lambda sl: data["envs"][sl])
         self._last_obs, self._env_obs = data["obs"], data["env_obs"]
         return self._last_obs
@@ -278,17 +318,21 @@ class SubprocVecEnv(VectorEnv):
         """Process ids of the live workers, in worker order (none in the in-process layout)."""
         return list(self._pool.pids) if isinstance(self._pool, WorkerPool) else []
 
-    # ----------------------------------------------------------------------------------------------- close
+    # -----------------------------------------------------------------------------------------------
+    # close
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
-        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0 with terminate), then
-        kills them and the processes their envs started. Replies under way get up to that long to arrive, so that no
-        worker is left writing one."""
+        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0 with
+        terminate), then kills them and the processes their envs started. Replies under way get up
+        to that long to arrive, so that no worker is left writing one."""
         timeout = 0.0 if terminate else self.close_timeout if timeout is None else timeout
         if self._pool is None:
             return
         if self._state is not AsyncState.DEFAULT and not self._closing_on_exception:
-            warnings.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.",
-                          UserWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.",
+                UserWarning,
+                stacklevel=3,
+            )
         self._pool.drain(timeout)
         self._state = AsyncState.DEFAULT
         self._pool.close(timeout)
@@ -300,9 +344,11 @@ class SubprocVecEnv(VectorEnv):
         self._closing_on_exception = exc_info[0] is not None
         self.close()
 
-    # ---------------------------------------------------------------------------------------------- private
+    # ----------------------------------------------------------------------------------------------
+    # private
     def _command(self, name: str, command: Command, arg_of: Callable, interruptible: bool = True) -> list:
-        """Sends `command` to every worker, with arg_of(its slice of the envs), and returns the results env by env."""
+        """Sends `command` to every worker, with arg_of(its slice of the envs), and returns the
+        results env by env."""
         self._check_usable(name)
         for w, sl in enumerate(self._pool.slices):
             self._pool.send(w, command, arg_of(sl))
@@ -313,7 +359,8 @@ class SubprocVecEnv(VectorEnv):
         return [result for reply in replies if reply is not None for result in reply]
 
     def _set_spaces(self, spaces: list, metadata: dict, render_mode: str | None, shared_memory: bool) -> None:
-        """Spaces and metadata from env 0, every env checked against them; then the shared block, in every worker."""
+        """Spaces and metadata from env 0, every env checked against them; then the shared block, in
+        every worker."""
         self.single_observation_space, self.single_action_space = spaces[0]
         self._check_spaces(0, spaces)
         self.observation_space = batch_space(spaces[0][0], self.num_envs)
@@ -324,7 +371,9 @@ class SubprocVecEnv(VectorEnv):
             self.num_envs, self.single_observation_space, self.single_action_space, shared_memory
         )
         placed, size = shared_block.layout(fields)
-        self._views = shared_block.views(self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed)
+        self._views = shared_block.views(
+            self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed
+        )
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
 
     def _check_spaces(self, first: int, spaces: list) -> None:
@@ -339,42 +388,57 @@ class SubprocVecEnv(VectorEnv):
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{name}() was called after close(); build a new one")
         if self._failed is not None:
-            raise WorkerError(f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. The "
-                              f"failure was: {self._failed}", self._failed.env_indices, name,
-                              self._failed.exitcode)  # fmt: skip
+            raise WorkerError(
+                f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. The "
+                f"failure was: {self._failed}",
+                self._failed.env_indices,
+                name,
+                self._failed.exitcode,
+            )
         if self._state is not AsyncState.DEFAULT:
             waiting = self._state.value
-            raise AlreadyPendingCallError(f"Calling `{name}` while waiting for a pending call to `{waiting}` to "
-                                          f"complete; call {waiting}_wait() first", waiting)  # fmt: skip
+            raise AlreadyPendingCallError(
+                f"Calling `{name}` while waiting for a pending call to `{waiting}` to "
+                f"complete; call {waiting}_wait() first",
+                waiting,
+            )
 
     def _check_waiting(self, state: AsyncState) -> None:
         if self.closed:
-            raise ClosedEnvironmentError(f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew")
+            raise ClosedEnvironmentError(
+                f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew"
+            )
         if self._state is not state:
-            raise NoAsyncCallError(f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`.",
-                                   state.value)  # fmt: skip
+            raise NoAsyncCallError(
+                f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`.", state.value
+            )
 
     def _raise(self, failures: dict[int, Exception]) -> None:
-        """Raises the failure of the lowest env index. A worker that failed leaves this vec env unusable; one that was
-        only slow can still be waited for, if nothing else failed."""
+        """Raises the failure of the lowest env index. A worker that failed leaves this vec env
+        unusable; one that was only slow can still be waited for, if nothing else failed."""
         errors = sorted(failures.values(), key=lambda e: e.env_indices)
         worker_errors = [e for e in errors if isinstance(e, WorkerError)]
         error = first_failure(failures)
         if worker_errors:
             self._failed, self._state = worker_errors[0], AsyncState.DEFAULT
         elif self._state is not AsyncState.DEFAULT:
-            error.args = (f"{error.args[0]}; call {self._state.value}_wait() again to keep waiting, or close()",)
+            error.args = (
+                f"{error.args[0]}; call {self._state.value}_wait() again to keep waiting, or close()",
+            )
         raise error
 
     def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
-        """Replaces the failed workers, together, and resets their envs; returns each one's reset reply. A rebuild that
-        fails, or does not answer within the bound, uses up another restart, until the budget is spent."""
+        """Replaces the failed workers, together, and resets their envs; returns each one's reset
+        reply. A rebuild that fails, or does not answer within the bound, uses up another restart,
+        until the budget is spent."""
         replies: dict[int, tuple] = {}
         while failures:
             for w, error in sorted(failures.items()):
                 self.restarts += 1
-                _log.warning(f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
-                             f"{self.restarts} of {self.max_restarts}: {str(error).splitlines()[0]}")  # fmt: skip
+                _log.warning(
+                    f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
+                    f"{self.restarts} of {self.max_restarts}: {str(error).splitlines()[0]}"
+                )
             rebuilt, failures = self._pool.restart(sorted(failures), self._bound, self._check_spaces)
             replies.update(rebuilt)
             if failures and self.restarts + len(failures) > self.max_restarts:
@@ -382,18 +446,26 @@ class SubprocVecEnv(VectorEnv):
         return replies
 
     def _report_restart(self, w: int, reply: tuple, last_obs: list, infos: dict) -> dict:
-        """A restarted worker's envs: truncated, reward 0, the last observation as final_obs, worker_restart."""
+        """A restarted worker's envs: truncated, reward 0, the last observation as final_obs,
+        worker_restart."""
         obs_list, reset_infos = reply
         sl = self._pool.slices[w]
         for i in range(sl.start, sl.stop):
-            self._views["rewards"][i], self._views["terminations"][i], self._views["truncations"][i] = 0.0, False, True
-            infos = self._add_info(infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i)
+            self._views["rewards"][i], self._views["terminations"][i], self._views["truncations"][i] = (
+                0.0,
+                False,
+                True,
+            )
+            infos = self._add_info(
+                infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i
+            )
             infos = self._add_info(infos, dict(reset_infos[i - sl.start][1], worker_restart=True), i)
         self._store_obs(w, obs_list)
         return infos
 
     def _store_obs(self, w: int, obs_list: list | None) -> None:
-        """Observations that came over the pipe (spaces shared memory cannot hold); None where none was sent."""
+        """Observations that came over the pipe (spaces shared memory cannot hold); None where none
+        was sent."""
         for k, obs in enumerate(obs_list or []):
             if obs is not None:
                 self._env_obs[self._pool.slices[w].start + k] = obs
@@ -401,11 +473,14 @@ class SubprocVecEnv(VectorEnv):
     def _observations(self):
         if self._obs_in_shm:
             return self._views["obs"].copy()
-        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)  # a fresh batch each time
+        # a fresh batch each time
+        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
         return concatenate(self.single_observation_space, self._env_obs, out)
 
 
-def check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds) -> None:
+def check_arguments(
+    env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds
+) -> None:
     """ValueError for any argument of SubprocVecEnv that cannot work, naming it."""
     if not env_fns or not all(callable(fn) for fn in env_fns):
         raise ValueError("env_fns must be a non-empty sequence of zero-argument callables that build an env")
@@ -428,12 +503,15 @@ def check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts
 
 
 def check_layout(num_workers: int | None, step_timeout: float | None, max_restarts: int, spell=str) -> None:
-    """ValueError when num_workers=0 (every env in this process) comes with step_timeout or max_restarts, which need
-    workers. `spell` writes a parameter's name (a script passes its flag spelling)."""
+    """ValueError when num_workers=0 (every env in this process) comes with step_timeout or
+    max_restarts, which need workers. `spell` writes a parameter's name (a script passes its flag
+    spelling)."""
     if num_workers == 0 and (step_timeout is not None or max_restarts):
-        raise ValueError(f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither "
-                         f"bounded nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
-                         f"{spell('num_workers')} >= 1")  # fmt: skip
+        raise ValueError(
+            f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither "
+            f"bounded nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
+            f"{spell('num_workers')} >= 1"
+        )
 
 
 def check_reset_mask(mask: Any, n: int) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""gymnasium's NormalizeObservation and NormalizeReward, computed in the trainer for a batch of envs at once: what
-CleanRL's scripts get from gymnasium's wrappers in each env (tested against them to the bit), at a fraction of the
-cost. Both are torch modules only to keep their statistics in checkpoints (buffers); they compute in numpy, on numpy
-views of those buffers, updated in place."""
+"""gymnasium's NormalizeObservation and NormalizeReward, computed in the trainer for a batch of envs
+at once: what CleanRL's scripts get from gymnasium's wrappers in each env (tested against them to
+the bit), at a fraction of the cost. Both are torch modules only to keep their statistics in
+checkpoints (buffers); they compute in numpy, on numpy views of those buffers, updated in place."""
 
 from __future__ import annotations
 
@@ -11,16 +11,20 @@ import torch.nn as nn
 
 
 class ObsNormalizer(nn.Module):
-    """gymnasium's NormalizeObservation and a clip to +-10, with one running mean and variance for all envs (with a set
-    per env, one state meant other inputs in each, and Hopper-v5 learned half as well: docs/benchmarks.md). `enabled`
-    False: observations pass as they are (the statistics stay in checkpoints alike)."""
+    """gymnasium's NormalizeObservation and a clip to +-10, with one running mean and variance for
+    all envs (with a set per env, one state meant other inputs in each, and Hopper-v5 learned half
+    as well: docs/benchmarks.md). `enabled` False: observations pass as they are (the statistics
+    stay in checkpoints alike)."""
 
     def __init__(self, obs_dim: int, enabled: bool):
         super().__init__()
         self.enabled = enabled
         for name, value in [("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
-            self.register_buffer(name, torch.full((obs_dim,) if name != "count" else (), value, dtype=torch.float64))
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views, updated in place (loading copies in)
+            self.register_buffer(
+                name, torch.full((obs_dim,) if name != "count" else (), value, dtype=torch.float64)
+            )
+        # views, updated in place (loading copies in)
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]
 
     def forward(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
         mean, var, count = self.arrays
@@ -33,19 +37,26 @@ class ObsNormalizer(nn.Module):
 
 
 class RewardScaler(nn.Module):
-    """gymnasium's NormalizeReward and a clip to +-10: each env's numbers (its own discounted return's running
-    variance), computed for all envs at once (a wrapper in each env cost 3x as much)."""
+    """gymnasium's NormalizeReward and a clip to +-10: each env's numbers (its own discounted
+    return's running variance), computed for all envs at once (a wrapper in each env cost 3x as
+    much)."""
 
     def __init__(self, num_envs: int, gamma: float):
         super().__init__()
         self.gamma = gamma
-        for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
+        # in checkpoints
+        for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:
             self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views, updated in place (loading copies in)
+        # views, updated in place (loading copies in)
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]
 
     def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
         returns, mean, var, count = self.arrays
         returns[:] = returns * self.gamma * ~terminations + rewards
         delta, total = returns - mean, count + 1  # RunningMeanStd.update with one sample per env
-        var[:], mean[:], count[:] = (var * count + delta**2 * count / total) / total, mean + delta / total, total
+        var[:], mean[:], count[:] = (
+            (var * count + delta**2 * count / total) / total,
+            mean + delta / total,
+            total,
+        )
         return np.clip(rewards / np.sqrt(var + 1e-8), -10, 10)

@@ -180,16 +180,19 @@ class ConstantRewardEnv(gym.Env):
         return np.zeros(2, np.float32), 1.0, False, False, {}
 
 
-# Registered on import: `--env-id tests.envs:ConstantReward-v0` imports this module in the trainer and every worker.
+# Registered on import: `--env-id tests.envs:ConstantReward-v0` imports this module in the trainer
+# and every worker.
 gym.register("ConstantReward-v0", entry_point=ConstantRewardEnv, max_episode_steps=5)
 
 
 class ScriptedFaultEnv(gym.Env):
-    """CartPole-sized env for end-to-end fault tests, steered by environment variables (they reach every worker):
+    """CartPole-sized env for end-to-end fault tests, steered by environment variables (they reach
+    every worker):
 
     PPO_VEC_TEST_PIDS: a folder where each env records the pid of the process it lives in;
-    PPO_VEC_TEST_FAULT: "KIND:STEP:MARKER" - at its STEP-th step, the first env to get there (it creates the file
-    MARKER) fails: KIND is raise, sigkill, hang or nan (observations turn NaN from then on, in every env).
+    PPO_VEC_TEST_FAULT: "KIND:STEP:MARKER" - at its STEP-th step, the first env to get there (it
+    creates the file MARKER) fails: KIND is raise, sigkill, hang or nan (observations turn NaN from
+    then on, in every env).
     """
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -216,7 +219,8 @@ class ScriptedFaultEnv(gym.Env):
 
     def _first_to_fail(self) -> bool:
         try:
-            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))  # atomic: exactly one env across workers wins
+            # atomic: exactly one env across workers wins
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
             return True
         except FileExistsError:
             return False
@@ -247,11 +251,13 @@ gym.register("SlowToBuild-v0", entry_point=SlowToBuildEnv, max_episode_steps=200
 
 
 class HelperEnv(FaultyEnv):
-    """A FaultyEnv that starts a helper process when built, as simulators and env servers do: a forked copy of the
-    worker (holding every file it has open, the worker's pipe included) or an exec'd program. `helper_pid` says
-    which process it is."""
+    """A FaultyEnv that starts a helper process when built, as simulators and env servers do: a
+    forked copy of the worker (holding every file it has open, the worker's pipe included) or an
+    exec'd program. `helper_pid` says which process it is."""
 
-    def __init__(self, fault: str | None = None, at: int = 3, helper: str = "fork", step_seconds: float = 0.0):
+    def __init__(
+        self, fault: str | None = None, at: int = 3, helper: str = "fork", step_seconds: float = 0.0
+    ):
         super().__init__(fault, at)
         self.step_seconds = step_seconds
         if helper == "fork":
@@ -282,7 +288,8 @@ class HangsWhenBuilt(CounterEnv):
 
 
 class HangsWhenRebuilt(FaultyEnv):
-    """Raises at step 2; every later build of it (a restart's) hangs. MARKER: a path that records the first build."""
+    """Raises at step 2; every later build of it (a restart's) hangs. MARKER: a path that records
+    the first build."""
 
     def __init__(self, marker: str):
         super().__init__("raise", 2)
@@ -315,8 +322,8 @@ gym.register("SlowStep-v0", entry_point=SlowStepEnv, kwargs={"seconds": 0.002}, 
 
 
 class SlowToSample(gym.spaces.Discrete):
-    """A Discrete space whose sample() takes a millisecond (a large or structured space in place of a trainer's
-    policy): what an env's step is timed with must not count it."""
+    """A Discrete space whose sample() takes a millisecond (a large or structured space in place of
+    a trainer's policy): what an env's step is timed with must not count it."""
 
     def sample(self, *args, **kwargs):
         time.sleep(1e-3)
@@ -332,8 +339,8 @@ class SlowToSampleEnv(CounterEnv):
 
 
 class LargeObsEnv(gym.Env):
-    """A `size`-byte uint8 observation (an image env's, much larger): construction and steps must cost what copying
-    it costs. The observation is filled with the step count."""
+    """A `size`-byte uint8 observation (an image env's, much larger): construction and steps must
+    cost what copying it costs. The observation is filled with the step count."""
 
     action_space = gym.spaces.Discrete(2)
 
@@ -375,8 +382,8 @@ class RecordsWhereEnv(CounterEnv):
         return super().step(action)
 
 
-# Breakout on rank 0 and an env that cannot be built on any other rank (torchrun sets RANK): a rank-local failure
-# at start-up, which that rank alone can report.
+# Breakout on rank 0 and an env that cannot be built on any other rank (torchrun sets RANK): a
+# rank-local failure at start-up, which that rank alone can report.
 gym.register(
     "BreakoutOnRank0-v0",
     entry_point="ale_py.env:AtariEnv",
@@ -385,13 +392,13 @@ gym.register(
         "frameskip": 1,
         "repeat_action_probability": 0.0,
         "max_num_frames_per_episode": 108000,
-    },  # fmt: skip
+    },
 )
 
 
 class FailsLater(CounterEnv):
-    """A cheap env (a CartPole's cost) that fails at the `at`-th step of its life, over episodes: long after any
-    probe or first steps would have seen it. `fault`: hang, segfault or exit."""
+    """A cheap env (a CartPole's cost) that fails at the `at`-th step of its life, over episodes:
+    long after any probe or first steps would have seen it. `fault`: hang, segfault or exit."""
 
     def __init__(self, fault: str = "segfault", at: int = 2000):
         super().__init__(terminate_at=50)
@@ -409,11 +416,14 @@ class FailsLater(CounterEnv):
 
 
 for _fault in ("hang", "segfault", "exit"):
-    gym.register(f"FailsLater-{_fault}-v0", entry_point=FailsLater, kwargs={"fault": _fault}, max_episode_steps=200)
+    gym.register(
+        f"FailsLater-{_fault}-v0", entry_point=FailsLater, kwargs={"fault": _fault}, max_episode_steps=200
+    )
 
 
 class OldApiEnv(gym.Env):
-    """An env written for gym before 0.26: reset() without a seed, returning the observation alone; a 4-tuple step."""
+    """An env written for gym before 0.26: reset() without a seed, returning the observation alone;
+    a 4-tuple step."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -429,7 +439,8 @@ gym.register("OldApi-v0", entry_point=OldApiEnv, max_episode_steps=10)
 
 
 class LivesEnv(gym.Env):
-    """Every step ends an episode, but only every third one says "episode" (a game over after two lost lives)."""
+    """Every step ends an episode, but only every third one says "episode" (a game over after two
+    lost lives)."""
 
     observation_space, action_space = gym.spaces.Discrete(1), gym.spaces.Discrete(1)
 

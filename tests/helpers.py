@@ -25,7 +25,9 @@ def assert_same(actual, expected, path: str = "result") -> None:
         for key in expected:
             assert_same(actual[key], expected[key], f"{path}[{key!r}]")
     elif isinstance(expected, (tuple, list)):
-        assert type(actual) is type(expected) and len(actual) == len(expected), f"{path}: {actual!r} != {expected!r}"
+        assert type(actual) is type(expected) and len(actual) == len(expected), (
+            f"{path}: {actual!r} != {expected!r}"
+        )
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_same(a, e, f"{path}[{i}]")
     elif isinstance(expected, np.ndarray):
@@ -42,8 +44,8 @@ def assert_same(actual, expected, path: str = "result") -> None:
 
 
 def LONG(*values) -> list:  # noqa: N802 - reads as a marker in a parametrize list
-    """Parameters of an end-to-end test that repeat its case at other timings or fault kinds: `-m long` runs them (the
-    README's test command runs the first one of each)."""
+    """Parameters of an end-to-end test that repeat its case at other timings or fault kinds: `-m
+    long` runs them (the README's test command runs the first one of each)."""
     import pytest
 
     return [pytest.param(value, marks=pytest.mark.long) for value in values]
@@ -84,8 +86,8 @@ def descendants(root: int | None = None) -> set[int]:
 
 
 def descendants_with_helpers_running() -> set[int]:
-    """descendants() once multiprocessing's own long-lived helpers (the resource tracker, the forkserver) run: the
-    baseline a test compares with, whichever test happens to start them first."""
+    """descendants() once multiprocessing's own long-lived helpers (the resource tracker, the
+    forkserver) run: the baseline a test compares with, whichever test happens to start them first."""
     from common.vecenv import process_control
 
     process_control.start_helpers(process_control.default_context())
@@ -100,11 +102,18 @@ def free_port() -> int:
 
 
 def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):
-    """Runs cmd in its own session: on timeout its whole process group is killed (a hung job leaves nothing behind),
-    and the TimeoutExpired carries what it printed."""
+    """Runs cmd in its own session: on timeout its whole process group is killed (a hung job leaves
+    nothing behind), and the TimeoutExpired carries what it printed."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -119,9 +128,10 @@ def run_script(script, args, cwd, timeout=300, extra_env=None):
     return run_command([sys.executable, str(script), *map(str, args)], cwd, timeout, extra_env)
 
 
-# Runs one script's command lines in forks of a process that imported the script once (its `main` guard keeps the
-# import from running it): each fork runs the script as __main__ with its argv, cwd and sys.path, as a user's
-# `python script.py ...` would, without paying torch's import again. Prints one JSON list: [exit status, ...].
+# Runs one script's command lines in forks of a process that imported the script once (its `main`
+# guard keeps the import from running it): each fork runs the script as __main__ with its argv, cwd
+# and sys.path, as a user's `python script.py ...` would, without paying torch's import again.
+# Prints one JSON list: [exit status, ...].
 _PRELOADED = r"""
 import importlib, json, os, runpy, sys
 script, cases = sys.argv[1], json.loads(sys.argv[2])
@@ -139,7 +149,8 @@ for flags, cwd, out, err in cases:
         status = 0
         try:
             runpy.run_path(script, run_name="__main__")
-        except SystemExit as exc:  # as the interpreter ends: None is 0, an int itself, anything else printed and 1
+        # as the interpreter ends: None is 0, an int itself, anything else printed and 1
+        except SystemExit as exc:
             status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
             if not isinstance(exc.code, (int, type(None))):
                 print(exc.code, file=sys.stderr)
@@ -155,7 +166,9 @@ print(json.dumps(statuses))
 """
 
 
-def run_script_many(script, cases: list[tuple[list[str], Path]], timeout=300) -> list[subprocess.CompletedProcess]:
+def run_script_many(
+    script, cases: list[tuple[list[str], Path]], timeout=300
+) -> list[subprocess.CompletedProcess]:
     """`run_script(script, flags, cwd)` for each (flags, cwd), one after another, in forks of one process that
     imported the script (and so torch) once; cwd is also on sys.path, as PYTHONPATH would put it."""
     import json
@@ -179,8 +192,9 @@ def only_run_dir(cwd) -> Path:
 
 
 def become_subreaper() -> None:
-    """Makes this process adopt its orphaned descendants (Linux), so that `descendants()` sees a grandchild whose
-    parent exited: a test then finds every process a run left behind, not only its direct children's."""
+    """Makes this process adopt its orphaned descendants (Linux), so that `descendants()` sees a
+    grandchild whose parent exited: a test then finds every process a run left behind, not only its
+    direct children's."""
     import ctypes
 
     PR_SET_CHILD_SUBREAPER = 36
@@ -202,7 +216,8 @@ VEC = REPO / "ppo_vec.py"
 ATARI = REPO / "ppo_atari_multigpu.py"
 VEC_TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 ATARI_TINY = ["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "2"]
-FAULT_ENV = ["--env-id", "tests.envs:ScriptedFault-v0"]  # an env a test makes fail (fault_env) at a step it picks
+# an env a test makes fail (fault_env) at a step it picks
+FAULT_ENV = ["--env-id", "tests.envs:ScriptedFault-v0"]
 CLEANRL_TAGS = {
     "charts/episodic_return",
     "charts/episodic_length",
@@ -227,7 +242,8 @@ def all_gone(pids, within: float = 5.0) -> bool:
 
 
 def fault_env(tmp_path, fault: str | None = None) -> dict:
-    """The environment variables for FAULT_ENV: where its processes write their pids, and the fault to inject."""
+    """The environment variables for FAULT_ENV: where its processes write their pids, and the
+    fault to inject."""
     pids = tmp_path / "pids"
     pids.mkdir(exist_ok=True)
     env = {"PYTHONPATH": str(REPO), "PPO_VEC_TEST_PIDS": str(pids)}
@@ -239,8 +255,15 @@ def fault_env(tmp_path, fault: str | None = None) -> dict:
 def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
     """Starts a run and returns once it has printed its first progress line (training is under way)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     for line in proc.stdout:
         if line.startswith("global_step="):
             return proc
@@ -265,8 +288,15 @@ def start_torchrun(tmp_path, extra=(), total: int = 10_000_000):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
     cmd += [*ATARI_TINY, "--total-timesteps", str(total), *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     for line in proc.stdout:
         if line.startswith("global_step="):  # rank 0 trains; so does rank 1, in lockstep
             return proc
@@ -274,7 +304,8 @@ def start_torchrun(tmp_path, extra=(), total: int = 10_000_000):
 
 
 def rank_pid(launcher: int, rank: int) -> int:
-    """The process of `rank`: a child of the torchrun launcher (its own workers, forked later, share its variables)."""
+    """The process of `rank`: a child of the torchrun launcher (its own workers, forked later, share
+    its variables)."""
     for pid in descendants(launcher):
         try:
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
@@ -286,10 +317,11 @@ def rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank}")
 
 
-# The smallest script on the run plumbing: one CartPole in the trainer, a model that does not learn, ten iterations of
-# ten steps. --outcome says how it ends: at iteration 4 it fails, raises a bug, finishes, or waits in a loop that stops
-# at its safe points ("wait"), or in "env code" that never returns ("stuck").
-PROGRAM = r'''
+# The smallest script on the run plumbing: one CartPole in the trainer, a model that does not learn,
+# ten iterations of ten steps. --outcome says how it ends: at iteration 4 it fails, raises a bug,
+# finishes, or waits in a loop that stops at its safe points ("wait"), or in "env code" that never
+# returns ("stuck").
+PROGRAM = r"""
 import dataclasses, time, gymnasium as gym, torch
 from common.run import Run
 from common.run.errors import FlagError, RunError
@@ -340,15 +372,21 @@ def main(args):
 
 if __name__ == "__main__":
     Run.cli(main, Args, "A test program.\n\n    python prog.py --outcome wait\n\nMore text.")
-'''
+"""
 
 
 def start_program(tmp_path, *argv) -> subprocess.Popen:
     """PROGRAM as tmp_path/prog.py, started; returns once it waits at iteration 4."""
     (tmp_path / "prog.py").write_text(PROGRAM)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "prog.py", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "prog.py", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:
         if line == "ready\n":
             return proc
@@ -357,4 +395,6 @@ def start_program(tmp_path, *argv) -> subprocess.Popen:
 
 def run_program(tmp_path, *argv) -> subprocess.CompletedProcess:
     (tmp_path / "prog.py").write_text(PROGRAM)
-    return run_command([sys.executable, "prog.py", *argv], tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
+    return run_command(
+        [sys.executable, "prog.py", *argv], tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)}
+    )

@@ -1,7 +1,8 @@
-"""The Atari peers of benchmarks/ do the same work as our pipeline: set up as benchmarks/peers.py sets them up, driven
-with the same actions, they agree with ours on what can be compared. With their randomness taken away (no noops) and
-fed the steps our wrappers take on their own, every frame and reward is the same; set up as the benchmark has them,
-every backend ends an episode at each lost life and plays the game on."""
+"""The Atari peers of benchmarks/ do the same work as our pipeline: set up as benchmarks/peers.py
+sets them up, driven with the same actions, they agree with ours on what can be compared. With their
+randomness taken away (no noops) and fed the steps our wrappers take on their own, every frame and
+reward is the same; set up as the benchmark has them, every backend ends an episode at each lost
+life and plays the game on."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ NOOP = 0
 
 
 def fixed_actions(n: int, steps: int) -> np.ndarray:
-    """The same actions for every backend: a pattern with FIRE and both directions, shifted per env, half random."""
+    """The same actions for every backend: a pattern with FIRE and both directions, shifted per env,
+    half random."""
     rng = np.random.default_rng(0)
     pattern = np.array([FIRE, 2, 2, 2, 3, 3, 3, 0, 2, 3, 3, 2])
     out = np.stack([np.resize(np.roll(pattern, i), steps) for i in range(n)])
@@ -48,8 +50,9 @@ def play_ours(acts: np.ndarray, noop_max: int) -> list[list[tuple]]:
 
 
 def test_ale_py_set_up_like_ours_plays_the_same_frames():
-    """No noops on either side, no fire reset in ale-py, and ale-py fed the steps our wrappers take by themselves
-    (FIRE and action 2 after a reset, NOOP, FIRE and action 2 after a lost life): frame for frame the same game."""
+    """No noops on either side, no fire reset in ale-py, and ale-py fed the steps our wrappers take
+    by themselves (FIRE and action 2 after a reset, NOOP, FIRE and action 2 after a lost life):
+    frame for frame the same game."""
     acts = fixed_actions(2, 700)
     record = play_ours(acts, noop_max=0)
     streams, where = [], []  # per env: the actions ale-py gets, and where each of our steps falls in them
@@ -89,11 +92,16 @@ BACKENDS = ["ours", "ale-py"] + (["EnvPool"] if importlib.util.find_spec("envpoo
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_as_benchmarked_every_backend_ends_an_episode_at_each_lost_life_and_plays_on(backend):
-    """The setups the throughput benchmark times: the same observations (4 x 84 x 84 uint8), rewards clipped to their
-    sign, an episode ending at every lost life with the game going on, and a reset only after the last life."""
+    """The setups the throughput benchmark times: the same observations (4 x 84 x 84 uint8), rewards
+    clipped to their sign, an episode ending at every lost life with the game going on, and a reset
+    only after the last life."""
     n, steps = 2, 1500
     acts = fixed_actions(n, steps)
-    envs = {"ours": lambda: ours(n), "ale-py": lambda: peers.ale_vector(n), "EnvPool": lambda: peers.envpool_vector(n)}
+    envs = {
+        "ours": lambda: ours(n),
+        "ale-py": lambda: peers.ale_vector(n),
+        "EnvPool": lambda: peers.envpool_vector(n),
+    }
     envs = envs[backend]()
     obs, infos = envs.reset(seed=0) if backend != "EnvPool" else envs.reset()
     assert obs.shape == (n, 4, 84, 84) and obs.dtype == np.uint8

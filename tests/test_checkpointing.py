@@ -1,5 +1,5 @@
-"""Checkpoints: atomic writes, reads that never run code, one-line refusals, a run's state kept at its iteration
-boundaries and put back by a resume, evaluation."""
+"""Checkpoints: atomic writes, reads that never run code, one-line refusals, a run's state kept at
+its iteration boundaries and put back by a resume, evaluation."""
 
 from __future__ import annotations
 
@@ -47,16 +47,28 @@ class Flags:
 
 
 def write_checkpoint(path, **changes) -> str:
-    """A checkpoint after 5 iterations of 32 steps of a run of this file (Flags, a Linear(2, 1), a generator)."""
-    state = {"script": "test_checkpointing.py", "args": dataclasses.asdict(Flags()), "world_size": 1, "iteration": 5,
-             "global_step": 160, "model": torch.nn.Linear(2, 1).state_dict(), "rng": [RNG], "env_states": [None],
-             "torch_rng": [torch.get_rng_state()], "recent_returns": []} | changes  # fmt: skip
-    records.save_checkpoint(path, {name: value for name, value in state.items() if value is not None})  # None: absent
+    """A checkpoint after 5 iterations of 32 steps of a run of this file (Flags, a Linear(2, 1),
+    a generator)."""
+    state = {
+        "script": "test_checkpointing.py",
+        "args": dataclasses.asdict(Flags()),
+        "world_size": 1,
+        "iteration": 5,
+        "global_step": 160,
+        "model": torch.nn.Linear(2, 1).state_dict(),
+        "rng": [RNG],
+        "env_states": [None],
+        "torch_rng": [torch.get_rng_state()],
+        "recent_returns": [],
+    } | changes
+    # None: absent
+    records.save_checkpoint(path, {name: value for name, value in state.items() if value is not None})
     return str(path)
 
 
 def run_of(monkeypatch, *argv: str) -> Run:
-    """The Run this file's main would make of its command line argv (in a folder of its own: monkeypatch.chdir)."""
+    """The Run this file's main would make of its command line argv (in a folder of its own:
+    monkeypatch.chdir)."""
     monkeypatch.setattr(sys, "argv", ["test_checkpointing.py", *argv])
     return Run(Flags(**parse_flags(list(argv), dataclasses.asdict(Flags()))))
 
@@ -70,7 +82,13 @@ def start(run: Run, **state) -> None:
 def test_checkpoint_round_trip(tmp_path):
     path = tmp_path / "checkpoint.pt"
     rng = [np.random.default_rng(3).bit_generator.state]
-    state = {"script": "s.py", "args": {}, "model": {"w": torch.arange(4.0)}, "rng": rng, "env_states": [b"\0envs"]}
+    state = {
+        "script": "s.py",
+        "args": {},
+        "model": {"w": torch.arange(4.0)},
+        "rng": rng,
+        "env_states": [b"\0envs"],
+    }
     records.save_checkpoint(path, state)
     loaded = records.load_checkpoint(str(path), "--resume", "s.py")
     torch.testing.assert_close(loaded["model"]["w"], torch.arange(4.0))
@@ -87,7 +105,9 @@ def test_a_failed_write_leaves_the_old_checkpoint_and_no_temp_file(tmp_path):
     path = tmp_path / "checkpoint.pt"
     records.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
     before = path.read_bytes()
-    with pytest.raises(RunError, match=r"could not write .*checkpoint.pt \(cannot pickle this\); the previous file"):
+    with pytest.raises(
+        RunError, match=r"could not write .*checkpoint.pt \(cannot pickle this\); the previous file"
+    ):
         records.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3), "bad": Unpicklable()})
     with pytest.raises(RunError, match="holds NaN/Inf values"):
         records.save_checkpoint(path, {"script": "s.py", "value": torch.tensor([float("nan")])})
@@ -150,29 +170,45 @@ def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
     for path, message in cases.items():
         with pytest.raises(FlagError) as info:
             records.load_checkpoint(path, "--eval-checkpoint", "ppo_atari_multigpu.py")
-        assert str(info.value).startswith(f"--eval-checkpoint {path}") and message in str(info.value), str(info.value)
+        assert str(info.value).startswith(f"--eval-checkpoint {path}") and message in str(info.value), str(
+            info.value
+        )
         assert "\n" not in str(info.value)
 
 
 def test_resume_refuses_other_ranks_other_sizes_and_says_when_a_run_is_finished(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = write_checkpoint(tmp_path / "checkpoint.pt", world_size=2, rng=[RNG, RNG], env_states=[None, None],
-                            torch_rng=[torch.get_rng_state()] * 2)  # fmt: skip
+    path = write_checkpoint(
+        tmp_path / "checkpoint.pt",
+        world_size=2,
+        rng=[RNG, RNG],
+        env_states=[None, None],
+        torch_rng=[torch.get_rng_state()] * 2,
+    )
     with pytest.raises(FlagError, match=r"was written with 2 ranks; resume it with 2, not 1"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), rng=np.random.default_rng())
     path = write_checkpoint(tmp_path / "checkpoint.pt")
-    with pytest.raises(Finished, match=r"that run finished its 5 iterations already \(--total-timesteps 96 asks for 3"):
+    with pytest.raises(
+        Finished, match=r"that run finished its 5 iterations already \(--total-timesteps 96 asks for 3"
+    ):
         start(run_of(monkeypatch, "--resume", path, "--total-timesteps", "96"), model=torch.nn.Linear(2, 1))
-    with pytest.raises(FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"):
+    with pytest.raises(
+        FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"
+    ):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(3, 1))
-    with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"):
-        start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1))
+    with pytest.raises(
+        FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"
+    ):
+        start(
+            run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1)
+        )
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_torch_generator_resumes_and_torchs_own_may_be_absent(tmp_path, monkeypatch):
-    """A torch.Generator given to run.start comes back as saved; a checkpoint without torch's own generator (written
-    on another kind of device: a CUDA run's has its CUDA generator, a CPU run's not) still resumes."""
+    """A torch.Generator given to run.start comes back as saved; a checkpoint without torch's own
+    generator (written on another kind of device: a CUDA run's has its CUDA generator, a CPU run's
+    not) still resumes."""
     monkeypatch.chdir(tmp_path)
     saved = torch.Generator().manual_seed(3)
     path = write_checkpoint(tmp_path / "checkpoint.pt", rng=[saved.get_state()], torch_rng=None)
@@ -181,34 +217,57 @@ def test_a_torch_generator_resumes_and_torchs_own_may_be_absent(tmp_path, monkey
     assert torch.equal(restored.get_state(), saved.get_state())
 
 
-@pytest.mark.parametrize(("field", "value"), [("rng", "garbage"), ("iteration", -5), ("global_step", 1.5),
-                                              ("rng", [None]), ("world_size", 0), ("env_states", [3])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rng", "garbage"),
+        ("iteration", -5),
+        ("global_step", 1.5),
+        ("rng", [None]),
+        ("world_size", 0),
+        ("env_states", [3]),
+    ],
+)
 def test_a_checkpoint_whose_fields_are_wrong_is_one_line(tmp_path, field, value):
     path = write_checkpoint(tmp_path / "checkpoint.pt", **{field: value})
     with pytest.raises(FlagError) as info:
         records.load_checkpoint(path, "--resume", "test_checkpointing.py")
-    assert str(info.value) == (f"--resume {path} holds a {field} no run of test_checkpointing.py writes: a file edited "
-                               "since, or damaged")  # fmt: skip
+    assert str(info.value) == (
+        f"--resume {path} holds a {field} no run of test_checkpointing.py writes: a file edited "
+        "since, or damaged"
+    )
 
 
 def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
     args = dataclasses.asdict(Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2))
     path = write_checkpoint(tmp_path / "checkpoint.pt", args=args)
-    assert run_of(monkeypatch, "--resume", path).args == Flags(learning_rate=1e-3, gamma=0.95, checkpoint_interval=2,
-                                                                 resume=path)  # fmt: skip
-    changed = run_of(monkeypatch, "--resume", path, "--total-timesteps", "5000", "--checkpoint-interval", "0",
-                     "--gamma", "0.95").args  # fmt: skip
+    assert run_of(monkeypatch, "--resume", path).args == Flags(
+        learning_rate=1e-3, gamma=0.95, checkpoint_interval=2, resume=path
+    )
+    changed = run_of(
+        monkeypatch,
+        "--resume",
+        path,
+        "--total-timesteps",
+        "5000",
+        "--checkpoint-interval",
+        "0",
+        "--gamma",
+        "0.95",
+    ).args
     assert (changed.total_timesteps, changed.checkpoint_interval, changed.gamma) == (5000, 0, 0.95)
     with pytest.raises(FlagError) as info:
         run_of(monkeypatch, "--resume", path, "--learning-rate", "0.002", "--seed", "4")
-    assert str(info.value) == (f"--resume {path} continues a run trained with --seed 1 (not 4), --learning-rate 0.001 "
-                               "(not 0.002): a run's results come from one set of flags; drop those flags, or start a "
-                               "new run")  # fmt: skip
+    assert str(info.value) == (
+        f"--resume {path} continues a run trained with --seed 1 (not 4), --learning-rate 0.001 "
+        "(not 0.002): a run's results come from one set of flags; drop those flags, or start a "
+        "new run"
+    )
 
 
 def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_doing(tmp_path, monkeypatch):
-    """A stop in the middle of an update saves the state after the last whole iteration, labelled as such, and the
-    summary names the checkpoint on disk when a save fails."""
+    """A stop in the middle of an update saves the state after the last whole iteration, labelled as
+    such, and the summary names the checkpoint on disk when a save fails."""
     monkeypatch.chdir(tmp_path)
     model, rng = torch.nn.Linear(2, 1), np.random.default_rng(0)
     run = run_of(monkeypatch)
@@ -219,7 +278,11 @@ def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_d
             with torch.no_grad():
                 model.weight.add_(1.0)
             rng.random()
-        after_2, state_2, torch_2 = model.weight.detach().clone(), rng.bit_generator.state, torch.get_rng_state()
+        after_2, state_2, torch_2 = (
+            model.weight.detach().clone(),
+            rng.bit_generator.state,
+            torch.get_rng_state(),
+        )
         with torch.no_grad():
             model.weight.add_(1.0)  # iteration 3's update, under way
         rng.random(), torch.rand(3)  # (torch's own generator, as dropout draws from it: kept without asking)
@@ -243,7 +306,9 @@ def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_d
 
 def test_evaluating_another_env_than_the_checkpoints_is_refused(tmp_path, monkeypatch):
     path = write_checkpoint(tmp_path / "checkpoint.pt")
-    with pytest.raises(FlagError, match=r"holds a policy for CartPole-v1, not --env-id Acrobot-v1: drop --env-id"):
+    with pytest.raises(
+        FlagError, match=r"holds a policy for CartPole-v1, not --env-id Acrobot-v1: drop --env-id"
+    ):
         run_of(monkeypatch, "--eval-checkpoint", path, "--env-id", "Acrobot-v1")
     assert run_of(monkeypatch, "--eval-checkpoint", path).args.env_id == "CartPole-v1"  # the run's own env
 

@@ -1,4 +1,5 @@
-"""Injected faults end to end: crashed, raising and stuck envs, signals, NaNs, broken checkpoints, dead ranks."""
+"""Injected faults end to end: crashed, raising and stuck envs, signals, NaNs, broken
+checkpoints, dead ranks."""
 
 from __future__ import annotations
 
@@ -71,20 +72,25 @@ def test_crash_with_restarts_finishes_training(tmp_path, fault):
 
 @pytest.mark.parametrize("fault", ["segfault", *LONG("exit")])
 def test_an_env_of_yours_that_crashes_late_is_named_and_saved_with_default_flags(tmp_path, fault):
-    """A cheap env of yours that crashes at its 2000th step, with no layout flag given: it steps in workers, so the
-    crash is a named WorkerError and the last iteration is saved (in the trainer it would take the run with it)."""
+    """A cheap env of yours that crashes at its 2000th step, with no layout flag given: it steps in
+    workers, so the crash is a named WorkerError and the last iteration is saved (in the trainer it
+    would take the run with it)."""
     args = ["--env-id", f"tests.envs:FailsLater-{fault}-v0", *VEC_TINY, "--total-timesteps", "100000"]
     out = run_script(VEC, args, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 1, out.stderr
     died = r"was killed by SIGSEGV \(exit code -11\)" if fault == "segfault" else "exited with code 3"
-    assert re.search(rf"ppo_vec.py: error: worker \d \(pid \d+, envs \[\d, \d\]\) {died} during 'step'", out.stderr)
+    assert re.search(
+        rf"ppo_vec.py: error: worker \d \(pid \d+, envs \[\d, \d\]\) {died} during 'step'", out.stderr
+    )
     assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["iteration"] >= 50
 
 
 def test_a_short_step_timeout_bounds_the_envs_work_not_the_probes_start(tmp_path):
-    """--step-timeout 0.1 on CartPole: the probe that checks the env takes longer than that to start Python, which the
-    bound does not count; the run trains."""
-    out = run_script(VEC, [*VEC_TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120)
+    """--step-timeout 0.1 on CartPole: the probe that checks the env takes longer than that to start
+    Python, which the bound does not count; the run trains."""
+    out = run_script(
+        VEC, [*VEC_TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120
+    )
     assert out.returncode == 0 and "global_step=256/256" in out.stdout, out.stderr
 
 
@@ -116,8 +122,13 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
     checkpoint = torch.load(checkpoint_path, weights_only=True)
     steps_per_iteration = 16 if script == ATARI else 128  # the iteration under way may be the first
     total = checkpoint["global_step"] + 2 * steps_per_iteration
-    out = run_script(script, [*args, "--total-timesteps", total, "--resume", checkpoint_path], tmp_path, timeout=300,
-                     extra_env=fault_env(tmp_path))  # fmt: skip
+    out = run_script(
+        script,
+        [*args, "--total-timesteps", total, "--resume", checkpoint_path],
+        tmp_path,
+        timeout=300,
+        extra_env=fault_env(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     assert f"global_step={total}/{total}" in out.stdout and only_run_dir(tmp_path) == run_dir
     logged = [step for step, _ in read_scalars(run_dir)["losses/value_loss"]]
@@ -126,13 +137,29 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
 
 def test_sigterm_while_the_envs_are_built_exits_143_quietly(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
-    cmd = [sys.executable, str(VEC), "--env-id", "tests.envs:SlowToBuild-v0", *VEC_TINY, "--total-timesteps", "256"]
+    cmd = [
+        sys.executable,
+        str(VEC),
+        "--env-id",
+        "tests.envs:SlowToBuild-v0",
+        *VEC_TINY,
+        "--total-timesteps",
+        "256",
+    ]
     cmd += ["--num-workers", "2"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     family = set()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the probe in the trainer, then the workers, record their pids as they build
+    # the probe in the trainer, then the workers, record their pids as they build
+    while time.monotonic() < deadline:
         family |= descendants(proc.pid)
         if [p for p in (tmp_path / "pids").iterdir() if int(p.name) != proc.pid]:
             break
@@ -148,13 +175,16 @@ def test_nan_stops_with_the_iteration_named_and_saves_nothing(tmp_path):
     args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--save-model"]
     out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, "nan:70"))
     assert out.returncode == 1
-    assert out.stderr.startswith("ppo_vec.py: error: iteration 3 (global_step 384): the weights of model became "
-                                 "NaN/Inf; look for NaN/Inf in observations or rewards")  # fmt: skip
+    assert out.stderr.startswith(
+        "ppo_vec.py: error: iteration 3 (global_step 384): the weights of model became "
+        "NaN/Inf; look for NaN/Inf in observations or rewards"
+    )
     assert not [p for p in only_run_dir(tmp_path).iterdir() if p.suffix in (".pt", ".cleanrl_model")]
     assert_workers_gone(tmp_path)
 
 
-@pytest.mark.long  # the job also ends when a rank fails through its worker: test_a_failing_rank_says_why_with_its_rank
+# the job also ends when a rank fails through its worker: test_a_failing_rank_says_why_with_its_rank
+@pytest.mark.long
 def test_a_dead_rank_ends_the_whole_job(tmp_path):
     proc = start_torchrun(tmp_path)
     family = descendants(proc.pid)

@@ -1,6 +1,8 @@
-"""Learning targets, run with `python -m pytest -m slow` (minutes each on 2 cores; not part of the default run).
+"""Learning targets, run with `python -m pytest -m slow` (minutes each on 2 cores; not part of the
+default run).
 
-Each runs the README's command for a few of the seeds benchmarks/results/learning_*.md reports (seeds 1-10 there)."""
+Each runs the README's command for a few of the seeds benchmarks/results/learning_*.md reports
+(seeds 1-10 there)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from tests.helpers import VEC, only_run_dir, read_scalars, run_script
 def last_20_mean(case: str, seed: int, cwd) -> float:
     out = run_script(VEC, [*VEC_CASES[case][1].split(), "--seed", seed], cwd, timeout=3600)
     assert out.returncode == 0, out.stderr
-    return float(np.mean([value for _, value in read_scalars(only_run_dir(cwd))["charts/episodic_return"]][-20:]))
+    return float(
+        np.mean([value for _, value in read_scalars(only_run_dir(cwd))["charts/episodic_return"]][-20:])
+    )
 
 
 @pytest.mark.slow

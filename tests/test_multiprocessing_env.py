@@ -1,4 +1,5 @@
-"""SubprocVecEnv against gymnasium's SyncVectorEnv(autoreset_mode=SAME_STEP), the oracle, and its failure modes."""
+"""SubprocVecEnv against gymnasium's SyncVectorEnv(autoreset_mode=SAME_STEP), the oracle, and its
+failure modes."""
 
 from __future__ import annotations
 
@@ -53,7 +54,11 @@ def run_both(env_fns, steps, seed=0, action_fn=None, **kwargs):
         rng = np.random.default_rng(seed)
         ends = 0
         for t in range(steps):
-            actions = action_fn(rng, t) if action_fn else rng.integers(0, actual.single_action_space.n, len(env_fns))
+            actions = (
+                action_fn(rng, t)
+                if action_fn
+                else rng.integers(0, actual.single_action_space.n, len(env_fns))
+            )
             got, want = actual.step(actions), expected.step(actions)
             assert_same(got, want, f"step {t}")
             ends += int(np.sum(want[2] | want[3]))
@@ -63,17 +68,30 @@ def run_both(env_fns, steps, seed=0, action_fn=None, **kwargs):
         expected.close()
 
 
-# The layouts: every env in this process; one env per worker; workers of 3 envs (7 envs: the last worker holds 1)
-LAYOUTS = {"in-process": {"num_workers": 0}, "1/worker": {"envs_per_worker": 1}, "3/worker": {"envs_per_worker": 3}}
-LAYOUT_CASES = [("forkserver", "in-process")] + [(c, layout) for c in CONTEXTS for layout in ("1/worker", "3/worker")]
+# The layouts: every env in this process; one env per worker; workers of 3 envs (7 envs: the last
+# worker holds 1)
+LAYOUTS = {
+    "in-process": {"num_workers": 0},
+    "1/worker": {"envs_per_worker": 1},
+    "3/worker": {"envs_per_worker": 3},
+}
+LAYOUT_CASES = [("forkserver", "in-process")] + [
+    (c, layout) for c in CONTEXTS for layout in ("1/worker", "3/worker")
+]
 
 
 # Pickled observations (shared_memory False) under the default start method; under the others with -m long
 SYNC_CASES = [
-    pytest.param(shared, context, layout, id=f"{shared}-{context}-{layout}",
-                 marks=[pytest.mark.long] if not shared and context != "forkserver" else [])
-    for context, layout in LAYOUT_CASES for shared in (True, False)
-]  # fmt: skip
+    pytest.param(
+        shared,
+        context,
+        layout,
+        id=f"{shared}-{context}-{layout}",
+        marks=[pytest.mark.long] if not shared and context != "forkserver" else [],
+    )
+    for context, layout in LAYOUT_CASES
+    for shared in (True, False)
+]
 
 
 @pytest.mark.parametrize(("shared_memory", "context", "layout"), SYNC_CASES)
@@ -85,8 +103,9 @@ def test_cartpole_matches_sync(shared_memory, context, layout):
 
 @pytest.mark.parametrize("worker_spin", [0.0, 1e-3])
 def test_worker_spin_window_met_or_missed_gives_the_same_results(worker_spin):
-    """Workers poll for `worker_spin` seconds before sleeping; a trainer slower than that (every 10th step here)
-    finds them asleep. Either way, and with no spinning at all, the results are SyncVectorEnv's."""
+    """Workers poll for `worker_spin` seconds before sleeping; a trainer slower than that (every
+    10th step here) finds them asleep. Either way, and with no spinning at all, the results are
+    SyncVectorEnv's."""
 
     def slow_sometimes(rng, t):
         if t % 10 == 0:
@@ -94,7 +113,10 @@ def test_worker_spin_window_met_or_missed_gives_the_same_results(worker_spin):
         return rng.integers(0, 2, 7)
 
     env_fns = [lambda: gym.make("CartPole-v1") for _ in range(7)]
-    assert run_both(env_fns, 300, seed=5, action_fn=slow_sometimes, envs_per_worker=3, worker_spin=worker_spin) > 10
+    assert (
+        run_both(env_fns, 300, seed=5, action_fn=slow_sometimes, envs_per_worker=3, worker_spin=worker_spin)
+        > 10
+    )
 
 
 @pytest.mark.parametrize(("context", "layout"), LAYOUT_CASES)
@@ -128,8 +150,14 @@ def test_dict_tuple_and_text_observations(env_cls, shared_memory, layout):
 @pytest.mark.parametrize("layout", ["in-process", "3/worker"])
 def test_box_actions_and_float64_actions_match(layout):
     env_fns = [lambda: gym.make("Pendulum-v1") for _ in range(3)]
-    run_both(env_fns, 250, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32), **LAYOUTS[layout])
-    run_both(env_fns, 50, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)), **LAYOUTS[layout])  # float64: pickled
+    run_both(
+        env_fns,
+        250,
+        action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32),
+        **LAYOUTS[layout],
+    )
+    # float64: pickled
+    run_both(env_fns, 50, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)), **LAYOUTS[layout])
 
 
 def test_seeds_reset_mask_and_options():
@@ -186,7 +214,9 @@ def test_record_episode_statistics_matches_sync():
             if "episode" in infos:
                 mask = infos["_episode"]
                 episode = infos["episode"]
-                episodes += list(zip(np.flatnonzero(mask), episode["r"][mask], episode["l"][mask], strict=True))
+                episodes += list(
+                    zip(np.flatnonzero(mask), episode["r"][mask], episode["l"][mask], strict=True)
+                )
         envs.close()
         returns.append(episodes)
     assert len(returns[0]) > 50
@@ -197,16 +227,22 @@ def test_record_episode_statistics_matches_sync():
 def test_out_of_order_calls_and_bad_actions(layout):
     envs = SubprocVecEnv([make_counter] * 3, **LAYOUTS[layout])
     envs.reset(seed=0)
-    with pytest.raises(NoAsyncCallError, match=re.escape("Calling `step_wait` without any prior call to `step_async`")):
+    with pytest.raises(
+        NoAsyncCallError, match=re.escape("Calling `step_wait` without any prior call to `step_async`")
+    ):
         envs.step_wait()
-    with pytest.raises(NoAsyncCallError, match="Calling `reset_wait` without any prior call to `reset_async`"):
+    with pytest.raises(
+        NoAsyncCallError, match="Calling `reset_wait` without any prior call to `reset_async`"
+    ):
         envs.reset_wait()
     with pytest.raises(ValueError, match="2 actions for 3 envs"):
         envs.step(np.zeros(2, np.int64))
     with pytest.raises(TypeError, match="one action per env"):
         envs.step(0)
     envs.step_async(np.zeros(3, np.int64))
-    with pytest.raises(AlreadyPendingCallError, match="while waiting for a pending call to `step` to complete"):
+    with pytest.raises(
+        AlreadyPendingCallError, match="while waiting for a pending call to `step` to complete"
+    ):
         envs.step_async(np.zeros(3, np.int64))
     with pytest.raises(AlreadyPendingCallError):
         envs.reset()
@@ -219,7 +255,12 @@ def test_out_of_order_calls_and_bad_actions(layout):
     assert obs[:, 0].tolist() == [0, 0, 0] and infos["resets"].tolist() == [2, 2, 2]
     envs.close()
     envs.close()  # idempotent
-    for call in (lambda: envs.step(np.zeros(3, np.int64)), envs.reset, envs.step_wait, lambda: envs.get_attr("t")):
+    for call in (
+        lambda: envs.step(np.zeros(3, np.int64)),
+        envs.reset,
+        envs.step_wait,
+        lambda: envs.get_attr("t"),
+    ):
         with pytest.raises(ClosedEnvironmentError):
             call()
 
@@ -229,7 +270,11 @@ def test_reset_mask_errors_match_gymnasium(layout):
     with SubprocVecEnv([make_counter] * 3, **LAYOUTS[layout]) as envs:
         envs.reset(seed=0)
         for mask, error, message in [
-            ([True, False, True], TypeError, "`options['reset_mask']` must be a numpy array, got <class 'list'>"),
+            (
+                [True, False, True],
+                TypeError,
+                "`options['reset_mask']` must be a numpy array, got <class 'list'>",
+            ),
             (np.array([1, 0, 1]), TypeError, "`options['reset_mask']` must have `dtype=np.bool_`, got int64"),
             (np.array([True]), ValueError, "`options['reset_mask']` must have shape `(3,)`, got (1,)"),
             (np.zeros(3, bool), ValueError, "`options['reset_mask']` must select at least one env"),
@@ -244,7 +289,9 @@ def test_close_with_a_pending_call_warns_and_ends_it():
     envs.reset(seed=0)
     envs.step_async(np.zeros(2, np.int64))
     pids = envs.worker_pids
-    with pytest.warns(UserWarning, match=re.escape("Calling `close` while waiting for a pending call to `step`")):
+    with pytest.warns(
+        UserWarning, match=re.escape("Calling `close` while waiting for a pending call to `step`")
+    ):
         envs.close(terminate=True)
     assert not any(alive(pid) for pid in pids)
 
@@ -275,8 +322,14 @@ def test_bad_arguments():
         ({"step_timeout": float("inf")}, "step_timeout must be a finite number of seconds > 0, got inf"),
         ({"max_wait": 0}, "max_wait must be a finite number"),
         ({"max_restarts": -1}, "max_restarts must be >= 0"),
-        ({"num_workers": 0, "step_timeout": 1.0}, "num_workers 0 steps the envs in this process, where a step can be"),
-        ({"num_workers": 0, "max_restarts": 1}, "num_workers 0 steps the envs in this process, where a step can be"),
+        (
+            {"num_workers": 0, "step_timeout": 1.0},
+            "num_workers 0 steps the envs in this process, where a step can be",
+        ),
+        (
+            {"num_workers": 0, "max_restarts": 1},
+            "num_workers 0 steps the envs in this process, where a step can be",
+        ),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             SubprocVecEnv([make_counter], **kwargs)
@@ -285,11 +338,12 @@ def test_bad_arguments():
 
 
 def test_workers_poll_while_commands_come_within_the_window_and_only_then(tmp_path, monkeypatch):
-    """A worker polls for its next command (keeping its CPU) for the whole `worker_spin` window while commands come
-    within it, and for SHORT_SPIN after one that came later (a trainer busy with its update). What each worker asks
-    of Channel.spin is recorded (fork start: the patch reaches the worker), not timed; the pauses are 20 times shorter
-    and 2.5 times longer than the window (a busy machine only lengthens them). The default polls when the workers do
-    not outnumber the cores, and sleeps at once when they do."""
+    """A worker polls for its next command (keeping its CPU) for the whole `worker_spin` window
+    while commands come within it, and for SHORT_SPIN after one that came later (a trainer busy with
+    its update). What each worker asks of Channel.spin is recorded (fork start: the patch reaches
+    the worker), not timed; the pauses are 20 times shorter and 2.5 times longer than the window (a
+    busy machine only lengthens them). The default polls when the workers do not outnumber the
+    cores, and sleeps at once when they do."""
     log = tmp_path / "windows"
 
     def spin(self, seconds):
@@ -313,9 +367,9 @@ def test_workers_poll_while_commands_come_within_the_window_and_only_then(tmp_pa
 
 
 def test_infos_merge_as_gymnasiums_vector_env_merges_them():
-    """SubprocVecEnv's own _add_info (quicker) builds what gymnasium's VectorEnv._add_info builds: the same keys in the
-    same order, dtypes (from the first value of a key), masks, nested dicts and final_obs, for infos that differ
-    between envs and steps."""
+    """SubprocVecEnv's own _add_info (quicker) builds what gymnasium's VectorEnv._add_info builds:
+    the same keys in the same order, dtypes (from the first value of a key), masks, nested dicts and
+    final_obs, for infos that differ between envs and steps."""
 
     class Gymnasium:
         num_envs = 4
@@ -325,24 +379,39 @@ def test_infos_merge_as_gymnasiums_vector_env_merges_them():
         _add_info = SubprocVecEnv._add_info
 
     rng = np.random.default_rng(0)
-    kinds = [int, float, bool, np.float32, np.int64, lambda v: np.full(3, v), str, lambda v: None, lambda v: (v, 2)]
+    kinds = [
+        int,
+        float,
+        bool,
+        np.float32,
+        np.int64,
+        lambda v: np.full(3, v),
+        str,
+        lambda v: None,
+        lambda v: (v, 2),
+    ]
     for _ in range(50):
         theirs, ours = {}, {}
-        for env in rng.permutation(4)[: rng.integers(1, 5)]:  # a key's kind is the same in every env, as in gymnasium
+        # a key's kind is the same in every env, as in gymnasium
+        for env in rng.permutation(4)[: rng.integers(1, 5)]:
             keys = rng.permutation(len(kinds))[: rng.integers(0, 5)]
             info = {f"k{j}": kinds[j](rng.integers(9)) for j in keys}
             if rng.random() < 0.3:
                 info["episode"] = {"r": float(rng.random()), "l": int(rng.integers(9))}
             if rng.random() < 0.3:
                 info = {"final_obs": np.full(2, env), "final_info": dict(info)}
-            theirs, ours = Gymnasium()._add_info(theirs, info, int(env)), Ours()._add_info(ours, info, int(env))
+            theirs, ours = (
+                Gymnasium()._add_info(theirs, info, int(env)),
+                Ours()._add_info(ours, info, int(env)),
+            )
         assert_same(ours, theirs, "infos")
         assert list(ours) == list(theirs)
 
 
 def test_gymnasium_wrappers_that_work_on_top_give_syncs_results():
-    """Statistics, reward, action and info wrappers work on a same-step vector env: every result equal, infos and the
-    reward statistics included (gymnasium's observation wrappers refuse one: the README shows the per-env way)."""
+    """Statistics, reward, action and info wrappers work on a same-step vector env: every result
+    equal, infos and the reward statistics included (gymnasium's observation wrappers refuse one:
+    the README shows the per-env way)."""
     from gymnasium.wrappers.vector import ClipAction, NormalizeReward, RecordEpisodeStatistics
 
     env_fns = [lambda: gym.make("Pendulum-v1") for _ in range(3)]
@@ -351,18 +420,22 @@ def test_gymnasium_wrappers_that_work_on_top_give_syncs_results():
         envs = ClipAction(NormalizeReward(RecordEpisodeStatistics(envs)))
         rng = np.random.default_rng(0)
         first = envs.reset(seed=2)
-        results.append([first, *(envs.step(rng.uniform(-4, 4, (3, 1)).astype(np.float32)) for _ in range(250))])
+        results.append(
+            [first, *(envs.step(rng.uniform(-4, 4, (3, 1)).astype(np.float32)) for _ in range(250))]
+        )
         rms = envs.env.return_rms  # NormalizeReward's statistics
         results[-1].append((rms.mean, rms.var, rms.count))
         envs.close()
     for result in results:  # the episodes' wall-clock times differ, of course
         for *_, infos in result[1:-1]:
             infos.get("episode", {}).pop("t", None)
-    assert sum("episode" in infos for *_, infos in results[1][1:-1]) == 1  # an episode ended: statistics in infos
+    # an episode ended: statistics in infos
+    assert sum("episode" in infos for *_, infos in results[1][1:-1]) == 1
     assert_same(results[0], results[1])
 
 
-# ---------------------------------------------------------------------------------------------------- failures
+# ----------------------------------------------------------------------------------------------------
+# failures
 @pytest.fixture
 def no_orphans():
     """Asserts that a test leaves no process behind that was not there before it (the forkserver excepted)."""
@@ -430,7 +503,9 @@ def test_reset_and_call_exceptions(no_orphans):
             envs.call("explode")
 
 
-@pytest.mark.parametrize(("fault", "signal_name"), [("sigkill", "SIGKILL"), ("abort", "SIGABRT"), ("exit", "code 3")])
+@pytest.mark.parametrize(
+    ("fault", "signal_name"), [("sigkill", "SIGKILL"), ("abort", "SIGABRT"), ("exit", "code 3")]
+)
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_dying_worker_is_detected_fast(fault, signal_name, context, no_orphans):
     envs = faulty(5, 4, fault, 2, envs_per_worker=2, context=context)
@@ -496,7 +571,8 @@ def test_close_leaves_no_process(no_orphans):
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_never_closed_instance_is_cleaned_at_exit(context):
     code = (
-        "import sys; from common.multiprocessing_env import SubprocVecEnv; from tests.envs import make_counter\n"
+        "import sys; from common.multiprocessing_env import SubprocVecEnv; from tests.envs import "
+        "make_counter\n"
         "if __name__ == '__main__':\n"
         f"    envs = SubprocVecEnv([make_counter] * 3, envs_per_worker=1, context={context!r})\n"
         "    envs.reset(seed=0)\n"
@@ -523,7 +599,8 @@ def read_line(proc: subprocess.Popen, within: float = 60.0) -> str:
 
 def test_workers_exit_when_the_parent_is_killed():
     code = (
-        "import time; from common.multiprocessing_env import SubprocVecEnv; from tests.envs import make_counter\n"
+        "import time; from common.multiprocessing_env import SubprocVecEnv; from tests.envs "
+        "import make_counter\n"
         "if __name__ == '__main__':\n"
         "    envs = SubprocVecEnv([make_counter] * 2, envs_per_worker=1, context='fork')\n"
         "    print(*envs.worker_pids, flush=True)\n"
@@ -537,7 +614,8 @@ def test_workers_exit_when_the_parent_is_killed():
     assert all_gone(pids), "workers outlived the trainer"
 
 
-# ---------------------------------------------------------------------------------------------------- restarts
+# ----------------------------------------------------------------------------------------------------
+# restarts
 @pytest.mark.parametrize("fault", ["raise", "sigkill", "abort"])
 def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
     envs = faulty(4, 3, fault, 3, envs_per_worker=2, max_restarts=1)
@@ -546,14 +624,22 @@ def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
     old_pid = envs.worker_pids[1]
     obs, rewards, terminations, truncations, infos = envs.step(np.zeros(4, np.int64))
     (line,) = [record.getMessage() for record in caplog.records]  # one line says that it happened, and why
-    assert line.startswith("SubprocVecEnv: restarting worker 1 (envs [2, 3]), restart 1 of 1: ") and "\n" not in line
+    assert (
+        line.startswith("SubprocVecEnv: restarting worker 1 (envs [2, 3]), restart 1 of 1: ")
+        and "\n" not in line
+    )
     assert envs.restarts == 1 and not alive(old_pid)
     assert truncations.tolist() == [False, False, True, True] and not terminations.any()
     assert rewards.tolist() == [0.0, 0.0, 0.0, 0.0]  # CounterEnv pays t * action, and the actions were 0
     assert obs[:, 0].tolist() == [3, 3, 0, 0]  # the healthy worker stepped; the rebuilt envs start afresh
     assert infos["_final_obs"].tolist() == [False, False, True, True]
     np.testing.assert_array_equal(infos["final_obs"][3], last_obs[3])
-    assert infos["final_info"]["worker_restart"][2:].all() and infos["_worker_restart"].tolist() == [0, 0, 1, 1]
+    assert infos["final_info"]["worker_restart"][2:].all() and infos["_worker_restart"].tolist() == [
+        0,
+        0,
+        1,
+        1,
+    ]
     for _ in range(2):
         envs.step(np.zeros(4, np.int64))
     with pytest.raises(WorkerError, match="env 3|worker 1"):  # the rebuilt env fails again: budget spent
@@ -562,17 +648,21 @@ def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
 
 
 def test_workers_that_fail_together_are_restarted_together(no_orphans, caplog):
-    """Both workers hang at the same step, with restarts left: both are replaced, each restart says so in one line,
-    and their envs go on from a fresh episode."""
-    envs = SubprocVecEnv([functools.partial(FaultyEnv, "hang", 2)] * 2, num_workers=2, step_timeout=1.0, max_restarts=2)
+    """Both workers hang at the same step, with restarts left: both are replaced, each restart says
+    so in one line, and their envs go on from a fresh episode."""
+    envs = SubprocVecEnv(
+        [functools.partial(FaultyEnv, "hang", 2)] * 2, num_workers=2, step_timeout=1.0, max_restarts=2
+    )
     envs.reset(seed=0)
     envs.step(np.zeros(2, np.int64))
     *_, truncations, infos = envs.step(np.zeros(2, np.int64))
     assert envs.restarts == 2 and truncations.tolist() == [True, True] and infos["_worker_restart"].all()
     assert [record.getMessage() for record in caplog.records] == [
-        "SubprocVecEnv: restarting worker 0 (envs [0]), restart 1 of 2: envs [0] did not answer 'step' within 1 s "
+        "SubprocVecEnv: restarting worker 0 (envs [0]), restart 1 of 2: envs [0] did not answer "
+        "'step' within 1 s "
         "(worker 0)",
-        "SubprocVecEnv: restarting worker 1 (envs [1]), restart 2 of 2: envs [1] did not answer 'step' within 1 s "
+        "SubprocVecEnv: restarting worker 1 (envs [1]), restart 2 of 2: envs [1] did not answer "
+        "'step' within 1 s "
         "(worker 1)",
     ]
     obs, *_ = envs.step(np.zeros(2, np.int64))
@@ -594,10 +684,12 @@ def test_stuck_worker_is_replaced_after_step_timeout(no_orphans, caplog):
     envs.close()
 
 
-# ------------------------------------------------------------------------------------------------- every wait bounded
+# -------------------------------------------------------------------------------------------------
+# every wait bounded
 @pytest.fixture
 def bounded():
-    """Fails the test (instead of hanging the suite) if it runs for more than 60 s: a hang is what these look for."""
+    """Fails the test (instead of hanging the suite) if it runs for more than 60 s: a hang is what
+    these look for."""
 
     def expire(signum, frame):
         raise AssertionError("the test hung for 60 s")
@@ -611,9 +703,13 @@ def bounded():
 
 @pytest.mark.parametrize("helper", ["fork", "exec"])
 def test_a_dead_worker_is_seen_though_a_helper_holds_its_pipe(helper, bounded, no_orphans, caplog):
-    """The env started a helper process, then the worker dies: seen from the process at once (the pipe stays open
-    while the forked helper holds it), restarted within the budget, and the helpers end with their workers."""
-    env_fns = [functools.partial(HelperEnv, "sigkill", 2, helper), functools.partial(HelperEnv, helper=helper)]
+    """The env started a helper process, then the worker dies: seen from the process at once (the
+    pipe stays open while the forked helper holds it), restarted within the budget, and the helpers
+    end with their workers."""
+    env_fns = [
+        functools.partial(HelperEnv, "sigkill", 2, helper),
+        functools.partial(HelperEnv, helper=helper),
+    ]
     envs = SubprocVecEnv(env_fns, num_workers=2, step_timeout=10, max_restarts=1)
     envs.reset(seed=0)
     helpers = list(envs.get_attr("helper_pid"))
@@ -636,13 +732,17 @@ def test_an_env_that_hangs_while_built_times_out(bound, bounded, no_orphans):
 
 
 def test_a_reset_that_hangs_times_out(bounded, no_orphans):
-    with SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "hang", 0)], num_workers=2, max_wait=1.5) as envs:
+    with SubprocVecEnv(
+        [FaultyEnv, functools.partial(FaultyEnv, "hang", 0)], num_workers=2, max_wait=1.5
+    ) as envs:
         with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'reset' within 1.5 s"):
             timed(lambda: envs.reset(seed=0))
         assert timed.elapsed < 3
         with pytest.raises(AlreadyPendingCallError, match="pending call to `reset`"):
             envs.get_attr("t")
-        with pytest.raises(WorkerTimeout, match=r"'reset' within 0.5 s \(worker 1\); call reset_wait\(\) again"):
+        with pytest.raises(
+            WorkerTimeout, match=r"'reset' within 0.5 s \(worker 1\); call reset_wait\(\) again"
+        ):
             envs.reset_wait(timeout=0.5)
         with pytest.warns(UserWarning, match="pending call to `reset`"):
             envs.close()
@@ -668,7 +768,7 @@ from common.multiprocessing_env import SubprocVecEnv
 from tests.envs import HelperEnv
 
 if __name__ == "__main__":
-    env_fns = [functools.partial(HelperEnv, "hang", 10, helper, step_seconds=0.01) for helper in ("fork", "exec")]
+    env_fns = [functools.partial(HelperEnv, "hang", 10, how, step_seconds=0.01) for how in ("fork", "exec")]
     envs = SubprocVecEnv(env_fns, context=sys.argv[1])  # the layout chosen as by default: workers, for these
     envs.reset(seed=0)
     print(*envs.worker_pids, *envs.get_attr("helper_pid"), util.get_temp_dir(), flush=True)
@@ -681,9 +781,12 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_workers_and_helpers_end_soon_after_the_trainer_is_killed(context, bounded):
-    """SIGKILL to the trainer while every env is busy in step, with the layout chosen as by default: workers, the
-    helpers their envs started and the forkserver end within seconds, and no folder is left in the temp dir."""
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, context], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    """SIGKILL to the trainer while every env is busy in step, with the layout chosen as by default:
+    workers, the helpers their envs started and the forkserver end within seconds, and no folder is
+    left in the temp dir."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, context], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     *pids, tmpdir = read_line(proc).split()
     pids = [int(pid) for pid in pids]
     family = descendants(proc.pid)

@@ -36,12 +36,20 @@ import ppo_vec  # noqa: E402
 
 
 def torchrun(args, cwd, nproc=2, timeout=300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ATARI)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(ATARI),
+    ]
     return run_command([*cmd, *map(str, args)], cwd, timeout)
 
 
 def checksums(stdout: str, seed: int = 1) -> tuple[float, list[float]]:
-    """The initial weights' checksum (the script's own seeding, redone here), and each rank's final one it printed."""
+    """The initial weights' checksum (the script's own seeding, redone here), and each rank's final
+    one it printed."""
     torch.manual_seed(seed)
     initial = sum(p.detach().double().sum().item() for p in ppo_atari_multigpu.Agent(4).parameters())
     final = ast.literal_eval(re.search(r"final parameter checksum per rank .*: (\[.*\])", stdout).group(1))
@@ -56,23 +64,27 @@ def block(source: str, first: str, last: str) -> str:
     return textwrap.dedent("\n".join(lines[start : end + 1]))
 
 
-# Where both scripts do the same thing, they do it the same way with the same names (each script reads alone, so
-# it is written twice; this keeps the two copies from drifting apart).
+# Where both scripts do the same thing, they do it the same way with the same names (each script
+# reads alone, so it is written twice; this keeps the two copies from drifting apart).
 SHARED_BLOCKS = [
     ("for iteration in run.iterations():", "# ROLLOUT"),  # an iteration's start
     ("actions[step] = sample(", "env_time += "),  # a rollout step (ppo_vec.py scales the rewards next)
     ("ends[step] = ", "episodes += "),  # truncation cuts, episode records
-    ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),  # the batched pass (ppo_vec.py normalizes V's input)
+    # the batched pass (ppo_vec.py normalizes V's input)
+    ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),
     ("# GAE", "# UPDATE"),
     ("logratio = newlogprob", "stats[name].append"),  # the losses and what is logged of them
-    ("var_y = np.var(returns)", 'writer.add_scalar("charts/learning_rate"'),  # logging (the losses: means over ranks)
+    # logging (the losses: means over ranks)
+    ("var_y = np.var(returns)", 'writer.add_scalar("charts/learning_rate"'),
     ('writer.add_scalar("losses/explained_variance"', "run.log("),
 ]
 
 
 def test_what_both_scripts_do_is_written_the_same_way():
     for name in ("layer_init", "compute_gae", "sample"):
-        assert inspect.getsource(getattr(ppo_vec, name)) == inspect.getsource(getattr(ppo_atari_multigpu, name)), name
+        assert inspect.getsource(getattr(ppo_vec, name)) == inspect.getsource(
+            getattr(ppo_atari_multigpu, name)
+        ), name
     vec, atari = inspect.getsource(ppo_vec.main), inspect.getsource(ppo_atari_multigpu.main)
     for first, last in SHARED_BLOCKS:
         assert block(vec, first, last) == block(atari, first, last), first
@@ -87,7 +99,8 @@ def test_one_rank_logs_cleanrl_tags(tmp_path):
     scalars = read_scalars(only_run_dir(tmp_path))
     assert CLEANRL_TAGS - {"charts/episodic_return", "charts/episodic_length"} <= scalars.keys()
     assert [step for step, _ in scalars["losses/policy_loss"]] == [16, 32, 48]
-    assert "checksum" not in out.stdout and len(out.stdout.splitlines()[0]) <= 160  # the start line, no per-rank line
+    # the start line, no per-rank line
+    assert "checksum" not in out.stdout and len(out.stdout.splitlines()[0]) <= 160
     torch.manual_seed(1)
     initial = sum(p.detach().double().sum().item() for p in ppo_atari_multigpu.Agent(4).parameters())
     saved = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["model"]
@@ -96,19 +109,22 @@ def test_one_rank_logs_cleanrl_tags(tmp_path):
 
 @pytest.mark.e2e
 def test_two_ranks_with_gloo_stay_identical_and_stop_early_together(tmp_path):
-    """Two ranks train in lockstep: same weights at the end, global steps logged by rank 0 alone. A target_kl near
-    the KLs the ranks see, over many epochs, puts their local KLs on both sides of it again and again: decided on the
-    mean over ranks, every rank stops at the same epoch; a rank deciding alone would leave the other blocked in an
-    all-reduce that never comes (the job hangs or fails)."""
+    """Two ranks train in lockstep: same weights at the end, global steps logged by rank 0 alone. A
+    target_kl near the KLs the ranks see, over many epochs, puts their local KLs on both sides of it
+    again and again: decided on the mean over ranks, every rank stops at the same epoch; a rank
+    deciding alone would leave the other blocked in an all-reduce that never comes (the job hangs or
+    fails)."""
     args = [*ATARI_TINY, "--update-epochs", "12", "--target-kl", "0.0005", "--learning-rate", "0.003"]
-    out = torchrun([*args, "--total-timesteps", "160"], tmp_path, timeout=120)  # 160 global steps: 5 iterations
+    # 160 global steps: 5 iterations
+    out = torchrun([*args, "--total-timesteps", "160"], tmp_path, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert ", cpu, x 2 ranks, env seeds [[1, 2], [3, 4]]" in out.stdout
     initial, (rank0, rank1) = checksums(out.stdout)
     assert rank0 == rank1 and rank0 != initial
     assert out.stdout.count("final parameter checksum") == 1  # rank 0 alone prints
     scalars = read_scalars(only_run_dir(tmp_path))
-    assert [step for step, _ in scalars["losses/policy_loss"]] == [32, 64, 96, 128, 160]  # both ranks' envs count
+    # both ranks' envs count
+    assert [step for step, _ in scalars["losses/policy_loss"]] == [32, 64, 96, 128, 160]
     kls = [kl for _, kl in scalars["losses/approx_kl"]]
     assert any(kl > 0.0005 for kl in kls) and min(kls) < 0.0005  # the threshold sat inside the KLs seen
 
@@ -132,7 +148,9 @@ def test_two_nodes_on_localhost(tmp_path):
         ]
         launch += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "ppo-vec-test"]
         cmd = [sys.executable, *launch, str(ATARI), *ATARI_TINY, "--total-timesteps", "64"]
-        nodes.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        nodes.append(
+            subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     stdout = next(out for out in outputs if "final parameter checksum" in out)
@@ -142,7 +160,8 @@ def test_two_nodes_on_localhost(tmp_path):
 
 
 def test_raw_full_game_score_is_reported_across_lives():
-    """Episodic life ends training episodes per life and clips rewards, but the logged return is the raw game score."""
+    """Episodic life ends training episodes per life and clips rewards, but the logged return is the
+    raw game score."""
     env = ppo_atari_multigpu.make_env(ppo_atari_multigpu.Args(), 1, None)()
     assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
     rng = np.random.default_rng(0)
@@ -157,7 +176,8 @@ def test_raw_full_game_score_is_reported_across_lives():
             if terminated or truncated:
                 if "episode" in info:
                     break
-                assert env.unwrapped.ale.lives() < lives_before  # a life lost: training episode over, game goes on
+                # a life lost: training episode over, game goes on
+                assert env.unwrapped.ale.lives() < lives_before
                 life_ends += 1
                 env.reset()
         assert life_ends == 4  # Breakout: 5 lives, the fifth loss ends the game
@@ -171,13 +191,16 @@ def test_raw_full_game_score_is_reported_across_lives():
 
 
 def test_the_pipeline_gives_gymnasiums_observations_step_by_step():
-    """make_env skips the RGB frame the base env copies out per emulated frame; what comes out is what gymnasium's own
-    stack (RGB base env, AtariPreprocessing, ...) gives, step for step, resets and episode statistics included."""
+    """make_env skips the RGB frame the base env copies out per emulated frame; what comes out is
+    what gymnasium's own stack (RGB base env, AtariPreprocessing, ...) gives, step for step, resets
+    and episode statistics included."""
     gym.register_envs(ale_py)
 
     def reference():
         env = gym.wrappers.RecordEpisodeStatistics(gym.make("BreakoutNoFrameskip-v4", frameskip=1))
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True
+        )
         env = gym.wrappers.ClipReward(FireResetEnv(EpisodicLifeEnv(env)), -1.0, 1.0)
         return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -205,8 +228,9 @@ def test_fire_reset_refuses_games_without_fire():
 
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/SpaceInvaders-v5"])
 def test_the_one_wrapper_pipeline_gives_gymnasiums_numbers(env_id):
-    """AtariPipeline against gymnasium's wrappers (gymnasium_chain), the same seeds and actions, through resets,
-    lost lives and game overs (sticky actions too, in the v5 env): every observation, reward, flag and info the same."""
+    """AtariPipeline against gymnasium's wrappers (gymnasium_chain), the same seeds and actions,
+    through resets, lost lives and game overs (sticky actions too, in the v5 env): every
+    observation, reward, flag and info the same."""
     gym.register_envs(ale_py)
 
     def without_time(result):  # an episode's wall-clock seconds differ, of course
@@ -235,11 +259,14 @@ def tree_map(value, on_dict):
 
 
 def test_a_wrapper_below_the_pipeline_is_refused_and_one_above_sees_every_step():
-    """The pipeline drives the emulator itself: a wrapper below it (a time limit) would miss every frame, so it is
-    refused in one line; one above it (a video recorder) sees each agent step, and changes no number."""
+    """The pipeline drives the emulator itself: a wrapper below it (a time limit) would miss every
+    frame, so it is refused in one line; one above it (a video recorder) sees each agent step, and
+    changes no number."""
     gym.register_envs(ale_py)
     limited = gym.wrappers.TimeLimit(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"), 100)
-    with pytest.raises(ValueError, match=r"below it \(TimeLimit, OrderEnforcing, PassiveEnvChecker\) would miss"):
+    with pytest.raises(
+        ValueError, match=r"below it \(TimeLimit, OrderEnforcing, PassiveEnvChecker\) would miss"
+    ):
         AtariPipeline(limited)
 
     class CountsSteps(gym.Wrapper):
@@ -250,12 +277,16 @@ def test_a_wrapper_below_the_pipeline_is_refused_and_one_above_sees_every_step()
             return self.env.step(action)
 
     plain = AtariPipeline(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
-    recorded = CountsSteps(AtariPipeline(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram",
-                                                  render_mode="rgb_array")))  # fmt: skip
+    recorded = CountsSteps(
+        AtariPipeline(
+            gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram", render_mode="rgb_array")
+        )
+    )
     assert_same(plain.reset(seed=0), recorded.reset(seed=0))
     for action in [1, 2, 3, 0] * 25:
         got, want = recorded.step(action), plain.step(action)
         for info in (got[4], want[4]):
             info.get("episode", {}).pop("t", None)
         assert_same(got, want)
-    assert recorded.steps == 100 and recorded.render().shape == (210, 160, 3)  # the screen, as RecordVideo takes it
+    # the screen, as RecordVideo takes it
+    assert recorded.steps == 100 and recorded.render().shape == (210, 160, 3)

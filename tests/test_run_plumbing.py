@@ -1,5 +1,5 @@
-"""The run plumbing (common/run/), piece by piece: flag checks, run folders, progress, the ranks, the way a run ends
-and the exit statuses."""
+"""The run plumbing (common/run/), piece by piece: flag checks, run folders, progress, the ranks,
+the way a run ends and the exit statuses."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class Flags:
     target_kl: float | None = None
 
 
-# ---------------------------------------------------------------------------------------------------- flag checks
+# ----------------------------------------------------------------------------------------------------
+# flag checks
 @pytest.mark.parametrize(
     ("changes", "rules", "message"),
     [
@@ -44,7 +45,11 @@ class Flags:
         ({"seed": -1}, [], "--seed must be in [0, 2**32), got -1"),
         ({"exp_name": "a/b"}, [], "--exp-name must be a plain name (no '/', not '.' or '..'), got a/b"),
         ({"exp_name": ".."}, [], "--exp-name must be a plain name"),
-        ({"exp_name": "x" * 250}, [], "--exp-name must be at most 200 bytes (it names a folder with the env id"),
+        (
+            {"exp_name": "x" * 250},
+            [],
+            "--exp-name must be at most 200 bytes (it names a folder with the env id",
+        ),
         ({"num_envs": 0}, [("num_envs", False, ">= 1")], "--num-envs must be >= 1, got 0"),
     ],
 )
@@ -84,7 +89,9 @@ def test_check_installed_names_the_package():
 
 def test_check_env_id(tmp_path, monkeypatch):
     flags.check_env_id("CartPole-v1")
-    with pytest.raises(FlagError, match=r"'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"):
+    with pytest.raises(
+        FlagError, match=r"'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"
+    ):
         flags.check_env_id("CartPol-v1")
     (tmp_path / "broken_envs.py").write_text("import numpy\nraise RuntimeError('missing licence file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -103,26 +110,33 @@ def test_check_env_id(tmp_path, monkeypatch):
 
 
 def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch):
-    """An import in the probe's own start that fails (a copy of the package broken, say): the line says the probe
-    could not start, with its error, and does not blame the env."""
+    """An import in the probe's own start that fails (a copy of the package broken, say): the line
+    says the probe could not start, with its error, and does not blame the env."""
     monkeypatch.setattr(layout, "_BOOT", layout._BOOT.replace("import probe_main", "import no_such_name"))
     with pytest.raises(FlagError) as info:
         flags.probe_env("CartPole-v1", lambda: gym.make("CartPole-v1"), 60)
-    assert str(info.value).startswith("--env-id CartPole-v1: the process that builds it to look at it could not start "
-                                      "(the probe process ended (exit code 1: ImportError: cannot import name "
-                                      "'no_such_name'")  # fmt: skip
+    assert str(info.value).startswith(
+        "--env-id CartPole-v1: the process that builds it to look at it could not start "
+        "(the probe process ended (exit code 1: ImportError: cannot import name "
+        "'no_such_name'"
+    )
 
 
 def test_probe_env_builds_the_env_elsewhere_and_says_why_it_cannot():
-    found = flags.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60)
+    found = flags.probe_env(
+        "CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60
+    )
     assert found["spaces"][0].shape == (4,) and found["spaces"][1] == gym.spaces.Discrete(2)
-    with pytest.raises(FlagError, match=r"--env-id CartPole-v1 cannot be built here: RuntimeError: factory refused"):
+    with pytest.raises(
+        FlagError, match=r"--env-id CartPole-v1 cannot be built here: RuntimeError: factory refused"
+    ):
         flags.probe_env("CartPole-v1", failing_factory, 60)
     with pytest.raises(FlagError, match=r"--env-id CartPole-v1: building the env did not finish within 1 s"):
         flags.probe_env("CartPole-v1", HangsWhenBuilt, 1.0)
 
 
-# ---------------------------------------------------------------------------------------------------- run folders
+# ----------------------------------------------------------------------------------------------------
+# run folders
 def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)
@@ -140,17 +154,23 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     (tmp_path / "elsewhere" / "runs").write_text("a file where the runs go")
-    with pytest.raises(errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"):
+    with pytest.raises(
+        errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"
+    ):
         records.make_run_dir(Flags())
     (tmp_path / "elsewhere" / "runs").unlink()
     read_only = tmp_path / "elsewhere"
     os.chmod(read_only, 0o500)  # root writes there anyway: an immutable folder stops root too
-    chattr = subprocess.run(["chattr", "+i", str(read_only)], capture_output=True) if os.geteuid() == 0 else None
+    chattr = (
+        subprocess.run(["chattr", "+i", str(read_only)], capture_output=True) if os.geteuid() == 0 else None
+    )
     immutable = chattr is not None and chattr.returncode == 0
     try:
         if os.access(read_only, os.W_OK) and not immutable:
             pytest.skip("this user writes anywhere and chattr is not at hand: no read-only folder to try")
-        with pytest.raises(errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"):
+        with pytest.raises(
+            errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"
+        ):
             records.make_run_dir(Flags())
     finally:
         if immutable:
@@ -172,7 +192,8 @@ def test_progress_line_shows_elapsed_and_eta_as_hms(monkeypatch):
 
 
 def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
-    """Each rank holds a different local value; all must get their mean (what decides the early stop on every rank)."""
+    """Each rank holds a different local value; all must get their mean (what decides the early stop
+    on every rank)."""
     (tmp_path / "ranks.py").write_text(
         "import os, torch, torch.distributed as dist\n"
         "from common.run.ranks import RankedRun\n"
@@ -189,30 +210,51 @@ def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):
     assert out.stdout.split() == ["2.0", "2.0"]
 
 
-# ---------------------------------------------------------------------------------------------------- stop path
-CLOSING = (r"prog.py: {}: {} of 100 steps in 0:00:\d\d \(\d+ SPS\), last-20 return n/a; "
-           r"results in (runs/CartPole-v1__prog__1__\d+) ")
+# ----------------------------------------------------------------------------------------------------
+# stop path
+CLOSING = (
+    r"prog.py: {}: {} of 100 steps in 0:00:\d\d \(\d+ SPS\), last-20 return n/a; "
+    r"results in (runs/CartPole-v1__prog__1__\d+) "
+)
 
 
 @pytest.mark.parametrize(
     ("outcome", "status", "stderr"),
-    [("flag", 2, "prog.py: error: --thing must be > 0, got 0\n"), ("fail", 1, "prog.py: error: the disk is full\n"),
-     ("done", 0, "")],
-)  # fmt: skip
+    [
+        ("flag", 2, "prog.py: error: --thing must be > 0, got 0\n"),
+        ("fail", 1, "prog.py: error: the disk is full\n"),
+        ("done", 0, ""),
+    ],
+)
 def test_exit_statuses_and_the_closing_line(tmp_path, outcome, status, stderr):
     out = run_program(tmp_path, "--outcome", outcome)
-    assert (out.returncode, out.stderr.split("\n")[0] + "\n" if out.stderr else "") == (status, stderr), out.stderr
-    if outcome == "fail":  # failed in iteration 4: the closing line names no checkpoint (the script's error saves none)
-        assert re.search(CLOSING.format("failed", 30) + r"\(tensorboard --logdir runs\)$", out.stderr.split("\n")[-2])
+    assert (out.returncode, out.stderr.split("\n")[0] + "\n" if out.stderr else "") == (status, stderr), (
+        out.stderr
+    )
+    # failed in iteration 4: the closing line names no checkpoint (the script's error saves none)
+    if outcome == "fail":
+        assert re.search(
+            CLOSING.format("failed", 30) + r"\(tensorboard --logdir runs\)$", out.stderr.split("\n")[-2]
+        )
     if outcome == "done":  # the closing line, the summary, the final checkpoint
-        closing = re.search(CLOSING.format("done", 100) + r".*; evaluate with: python prog.py --eval-", out.stdout)
+        closing = re.search(
+            CLOSING.format("done", 100) + r".*; evaluate with: python prog.py --eval-", out.stdout
+        )
         summary = json.loads((tmp_path / closing.group(1) / "summary.json").read_text())
-        assert summary["status"] == "done" and summary["global_step"] == 100 and summary["checkpoint_iteration"] == 10
+        assert (
+            summary["status"] == "done"
+            and summary["global_step"] == 100
+            and summary["checkpoint_iteration"] == 10
+        )
 
 
 def test_a_bug_keeps_its_traceback_and_saves_nothing(tmp_path):
     out = run_program(tmp_path, "--outcome", "raise")
-    assert out.returncode == 1 and "Traceback" in out.stderr and "ValueError: a bug keeps its traceback" in out.stderr
+    assert (
+        out.returncode == 1
+        and "Traceback" in out.stderr
+        and "ValueError: a bug keeps its traceback" in out.stderr
+    )
     assert re.search(CLOSING.format("failed", 30), out.stderr.splitlines()[-1])
     assert not list((tmp_path / "runs").glob("*/checkpoint.pt"))
 
@@ -230,6 +272,8 @@ def test_a_signal_saves_then_exits_128_plus_its_number(tmp_path, sig):
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig
-    closing = CLOSING.format(f"stopped by {signal.Signals(sig).name}", 30) + r"\(tensorboard --logdir runs\); "
+    closing = (
+        CLOSING.format(f"stopped by {signal.Signals(sig).name}", 30) + r"\(tensorboard --logdir runs\); "
+    )
     closing = re.fullmatch(closing + r"continue with: python prog.py --resume (\S+)\n", stderr)
     assert closing and torch.load(tmp_path / closing.group(2), weights_only=True)["iteration"] == 3

@@ -1,5 +1,5 @@
-"""A run folder is the truth: one writer at a time, the flags the run was trained with, resumes that continue the run
-they name, and sweeps and reports that show only what ran."""
+"""A run folder is the truth: one writer at a time, the flags the run was trained with, resumes that
+continue the run they name, and sweeps and reports that show only what ran."""
 
 from __future__ import annotations
 
@@ -44,40 +44,78 @@ class Flags:
     resume: str | None = None
 
 
-# ------------------------------------------------------------------------------------------------- a run's identity
-def write_folder(runs_dir, name, given=None, status="done", global_step=1000, steps_per_iteration=None, **flags):
-    """A run folder as a script leaves it (its seed the one its name says, given as a sweep gives it): args.json
-    (flags, defaults, what its command line gave), summary.json, a checkpoint file."""
+# -------------------------------------------------------------------------------------------------
+# a run's identity
+def write_folder(
+    runs_dir, name, given=None, status="done", global_step=1000, steps_per_iteration=None, **flags
+):
+    """A run folder as a script leaves it (its seed the one its name says, given as a sweep gives
+    it): args.json (flags, defaults, what its command line gave), summary.json, a checkpoint file."""
     folder = runs_dir / name
     folder.mkdir(parents=True)
     flags["seed"] = int(name.split("__")[2])
     given = sorted(flags) if given is None else [*given, "seed"]
-    record = {"script": "s.py", **dataclasses.asdict(Flags(**flags)), "defaults": dataclasses.asdict(Flags()),
-              "given": given, "steps_per_iteration": steps_per_iteration, "resumes": []}  # fmt: skip
+    record = {
+        "script": "s.py",
+        **dataclasses.asdict(Flags(**flags)),
+        "defaults": dataclasses.asdict(Flags()),
+        "given": given,
+        "steps_per_iteration": steps_per_iteration,
+        "resumes": [],
+    }
     records.write_json(folder / "args.json", record)
-    records.write_json(folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000})
+    records.write_json(
+        folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000}
+    )
     (folder / "checkpoint.pt").write_bytes(b"")
     return folder
 
 
 def test_flags_are_read_as_the_script_would_read_them():
     like = dataclasses.asdict(Flags())
-    words = ["--learning-rate", "1e-3", "--gamma=0.95", "--no-norm-obs", "--device-ids", "0", "1", "--seed", "3",
-             "--resume", "None", "--unknown", "x"]  # fmt: skip
-    assert runs.parse_flags(words, like) == {"learning_rate": 1e-3, "gamma": 0.95, "norm_obs": False,
-                                              "device_ids": [0, 1], "seed": 3, "resume": None}  # fmt: skip
+    words = [
+        "--learning-rate",
+        "1e-3",
+        "--gamma=0.95",
+        "--no-norm-obs",
+        "--device-ids",
+        "0",
+        "1",
+        "--seed",
+        "3",
+        "--resume",
+        "None",
+        "--unknown",
+        "x",
+    ]
+    assert runs.parse_flags(words, like) == {
+        "learning_rate": 1e-3,
+        "gamma": 0.95,
+        "norm_obs": False,
+        "device_ids": [0, 1],
+        "seed": 3,
+        "resume": None,
+    }
 
 
 def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
     runs_dir = tmp_path / "runs"
-    run = runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "500", "--learning-rate", "1e-3"],
-                    str(tmp_path))  # fmt: skip
+    run = runs.Run(
+        "s.py",
+        "CartPole-v1",
+        1,
+        "exp",
+        ["--total-timesteps", "500", "--learning-rate", "1e-3"],
+        str(tmp_path),
+    )
     assert run.command()[1] == "start"
     write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=500_000)
     cmd, what = run.command()  # the default rate there: a new run beside it, and why
-    assert cmd and what == ("start (a new run: CartPole-v1__exp__1__1 was made with other flags: --learning-rate "
-                            "0.00025 there, 0.001 here, --total-timesteps 500000 (--anneal-lr: the learning rate "
-                            "falls over all of them) there, 500 here)")  # fmt: skip
+    assert cmd and what == (
+        "start (a new run: CartPole-v1__exp__1__1 was made with other flags: --learning-rate "
+        "0.00025 there, 0.001 here, --total-timesteps 500000 (--anneal-lr: the learning rate "
+        "falls over all of them) there, 500 here)"
+    )
     made = write_folder(
         runs_dir,
         "CartPole-v1__exp__1__2",
@@ -96,73 +134,109 @@ def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
 
 
 def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked(tmp_path):
-    """With --anneal-lr the learning rate falls over all of a run's iterations: a run of other iterations, or one a
-    resume stretched, is another run. Without a schedule, a run not past the steps asked is resumed or extended to
-    them. Totals that make the same whole iterations (100 steps each here) are the same run."""
+    """With --anneal-lr the learning rate falls over all of a run's iterations: a run of other
+    iterations, or one a resume stretched, is another run. Without a schedule, a run not past the
+    steps asked is resumed or extended to them. Totals that make the same whole iterations (100
+    steps each here) are the same run."""
     runs_dir = tmp_path / "runs"
 
     def sweep(total, *flags):
-        return runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", str(total), *flags], str(tmp_path))
+        return runs.Run(
+            "s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", str(total), *flags], str(tmp_path)
+        )
 
-    annealed = write_folder(runs_dir, "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500,
-                            steps_per_iteration=100)  # fmt: skip
+    annealed = write_folder(
+        runs_dir, "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500, steps_per_iteration=100
+    )
     assert sweep(500).command()[1] == sweep(550).command()[1] == "finished before: skipped"  # 5 iterations
     for total in (250, 800):  # neither a shorter nor a longer run is the one that finished
         assert sweep(total).folder() is None
         assert sweep(total).command()[1] == (
-            "start (a new run: CartPole-v1__exp__1__1 was made with other flags: --total-timesteps 500 (--anneal-lr: "
+            "start (a new run: CartPole-v1__exp__1__1 was made with other flags: "
+            "--total-timesteps 500 (--anneal-lr: "
             f"the learning rate falls over all of them) there, {total} here)"
         )
     saved = records.read_json(annealed / "args.json")
-    saved["resumes"] = [{"from_step": 300, "changed": {"total_timesteps": [500, 550]}}]  # its 5 iterations kept
+    # its 5 iterations kept
+    saved["resumes"] = [{"from_step": 300, "changed": {"total_timesteps": [500, 550]}}]
     records.write_json(annealed / "args.json", saved)
     assert sweep(500).folder() == annealed
     saved["total_timesteps"] = 800  # a later resume made it 8 iterations long
     saved["resumes"].append({"from_step": 500, "changed": {"total_timesteps": [550, 800]}})
     records.write_json(annealed / "args.json", saved)
-    assert sweep(800).folder() is None and "--total-timesteps 550 made 800 by a resume" in sweep(800).command()[1]
+    assert (
+        sweep(800).folder() is None
+        and "--total-timesteps 550 made 800 by a resume" in sweep(800).command()[1]
+    )
 
-    plain = write_folder(runs_dir, "CartPole-v1__exp__1__2", total_timesteps=500, global_step=500, anneal_lr=False,
-                         steps_per_iteration=100)  # fmt: skip
+    plain = write_folder(
+        runs_dir,
+        "CartPole-v1__exp__1__2",
+        total_timesteps=500,
+        global_step=500,
+        anneal_lr=False,
+        steps_per_iteration=100,
+    )
     cmd, what = sweep(800, "--no-anneal-lr").command()
-    assert (cmd[-2:], what) == (["--resume", str(plain / "checkpoint.pt")], "extend (from 500 to 800 steps: no "
-                                                                            "schedule spans it)")  # fmt: skip
+    assert (cmd[-2:], what) == (
+        ["--resume", str(plain / "checkpoint.pt")],
+        "extend (from 500 to 800 steps: no schedule spans it)",
+    )
     assert sweep(550, "--no-anneal-lr").command()[1] == "finished before: skipped"  # no more whole iterations
     assert sweep(250, "--no-anneal-lr").folder() is None  # past step 250: not the 250-step run
     assert "--total-timesteps 500 (at step 500) there, 250 here" in sweep(250, "--no-anneal-lr").command()[1]
     records.write_json(plain / "summary.json", {"status": "stopped by SIGTERM", "global_step": 200})
-    assert sweep(250, "--no-anneal-lr").command() == ([*cmd[:-5], "--total-timesteps", "250", "--no-anneal-lr",
-                                                       "--resume", str(plain / "checkpoint.pt")], "resume")  # fmt: skip
+    assert sweep(250, "--no-anneal-lr").command() == (
+        [*cmd[:-5], "--total-timesteps", "250", "--no-anneal-lr", "--resume", str(plain / "checkpoint.pt")],
+        "resume",
+    )
 
 
 def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reused(tmp_path):
-    """A run folder from before args.json recorded the defaults and the flags given matches nothing: a new run."""
+    """A run folder from before args.json recorded the defaults and the flags given matches nothing:
+    a new run."""
     old = write_folder(tmp_path / "runs", "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500)
     saved = records.read_json(old / "args.json")
     records.write_json(old / "args.json", {k: v for k, v in saved.items() if k not in ("defaults", "given")})
-    run = runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "1280", "--learning-rate", "0.001"],
-                   str(tmp_path))  # fmt: skip
+    run = runs.Run(
+        "s.py",
+        "CartPole-v1",
+        1,
+        "exp",
+        ["--total-timesteps", "1280", "--learning-rate", "0.001"],
+        str(tmp_path),
+    )
     assert run.folder() is None
-    assert run.command()[1] == ("start (a new run: CartPole-v1__exp__1__1 has no args.json telling what it was asked "
-                                "for)")  # fmt: skip
+    assert run.command()[1] == (
+        "start (a new run: CartPole-v1__exp__1__1 has no args.json telling what it was asked for)"
+    )
 
 
 def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked(tmp_path):
-    """A run made under torchrun with 2 ranks has other iterations than a plain one, and resumes only with 2 ranks:
-    another run. A folder a killed start left before training is removed, and its run starts anew (one folder); one
-    that trained and saved nothing is kept beside the new run; records edited by hand (a string where a number was)
-    are not read as numbers."""
+    """A run made under torchrun with 2 ranks has other iterations than a plain one, and resumes
+    only with 2 ranks: another run. A folder a killed start left before training is removed, and its
+    run starts anew (one folder); one that trained and saved nothing is kept beside the new run;
+    records edited by hand (a string where a number was) are not read as numbers."""
     runs_dir = tmp_path / "runs"
     ranked = write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=1000)
     records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"world_size": 2})
-    run = runs.Run(str(tmp_path / "s.py"), "CartPole-v1", 1, "exp", ["--total-timesteps", "1000"], str(tmp_path))
-    assert run.command()[1] == ("start (a new run: CartPole-v1__exp__1__1 was made with other flags: torchrun ranks 2 "
-                                "there, 1 here)")  # fmt: skip
-    records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"world_size": 1,
-                       "steps_per_iteration": "100", "total_timesteps": "1000"})  # fmt: skip
-    assert run.command()[1].startswith("start (a new run: CartPole-v1__exp__1__1 was made with other flags: "
-                                       "--total-timesteps not recorded")  # fmt: skip
-    records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"total_timesteps": 1000})
+    run = runs.Run(
+        str(tmp_path / "s.py"), "CartPole-v1", 1, "exp", ["--total-timesteps", "1000"], str(tmp_path)
+    )
+    assert run.command()[1] == (
+        "start (a new run: CartPole-v1__exp__1__1 was made with other flags: torchrun ranks 2 there, 1 here)"
+    )
+    records.write_json(
+        ranked / "args.json",
+        records.read_json(ranked / "args.json")
+        | {"world_size": 1, "steps_per_iteration": "100", "total_timesteps": "1000"},
+    )
+    assert run.command()[1].startswith(
+        "start (a new run: CartPole-v1__exp__1__1 was made with other flags: --total-timesteps not recorded"
+    )
+    records.write_json(
+        ranked / "args.json", records.read_json(ranked / "args.json") | {"total_timesteps": 1000}
+    )
     (ranked / "checkpoint.pt").unlink()
     (ranked / "events.out.tfevents.1").write_bytes(b"")  # what a start stopped before training leaves
     records.write_json(ranked / "summary.json", {"status": "stopped by SIGTERM", "global_step": 0})
@@ -170,11 +244,18 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
     outcome = runs.RunJob()(run)
     assert outcome["did"] == "start (its earlier start, CartPole-v1__exp__1__1, trained nothing: removed)"
     assert outcome["exit"] == 0 and not ranked.exists()
-    trained = write_folder(runs_dir, "CartPole-v1__exp__1__2", given=["total_timesteps"], total_timesteps=1000)
+    trained = write_folder(
+        runs_dir, "CartPole-v1__exp__1__2", given=["total_timesteps"], total_timesteps=1000
+    )
     (trained / "checkpoint.pt").unlink()
     (trained / "events.out.tfevents.2").write_bytes(b"")
-    for summary in ({"status": "failed", "global_step": 300}, {"status": "failed", "global_step": "300"}, None):
-        (trained / "summary.json").unlink(missing_ok=True)  # a bug ended it; a summary edited by hand; a SIGKILL
+    for summary in (
+        {"status": "failed", "global_step": 300},
+        {"status": "failed", "global_step": "300"},
+        None,
+    ):
+        # a bug ended it; a summary edited by hand; a SIGKILL
+        (trained / "summary.json").unlink(missing_ok=True)
         if summary is not None:
             records.write_json(trained / "summary.json", summary)
         assert run.command()[1] == "start (a new run: its earlier start logged but saved nothing)"
@@ -184,7 +265,9 @@ def test_one_writer_per_run_folder(tmp_path):
     assert records.writer(tmp_path) is None
     records.hold(tmp_path)
     assert records.writer(tmp_path) == os.getpid()
-    with pytest.raises(FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "):
+    with pytest.raises(
+        FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "
+    ):
         records.hold(tmp_path)  # another open file: refused, even in the same process
 
 
@@ -203,31 +286,44 @@ def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tm
     write_events(ok, [500, 1000], returns=[100.0] * 20)
     truncated = write_folder(runs_dir, "CartPole-v1__exp__2__1", learning_rate=1e-3)
     write_events(truncated, [500], returns=[7.0] * 20)  # its events end halfway: a damaged file
-    stopped = write_folder(runs_dir, "CartPole-v1__exp__3__1", learning_rate=1e-3, status="stopped by SIGTERM",
-                           global_step=460)  # fmt: skip
+    stopped = write_folder(
+        runs_dir, "CartPole-v1__exp__3__1", learning_rate=1e-3, status="stopped by SIGTERM", global_step=460
+    )
     write_events(stopped, [460], returns=[3.0] * 20)
-    other = write_folder(runs_dir, "CartPole-v1__exp__5__1", learning_rate=0.5)  # other flags: not this sweep's run
+    # other flags: not this sweep's run
+    other = write_folder(runs_dir, "CartPole-v1__exp__5__1", learning_rate=0.5)
     write_events(other, [1000], returns=[-50.0] * 20)
     flags = ["--learning-rate", "1e-3"]
     asked = [runs.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2, 3, 4, 5)]
     text = "\n".join(report.report(asked, tmp_path / "report"))
-    assert "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
+    assert (
+        "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
+    )
     assert "- CartPole-v1 seed 2: unreadable: its events end at step 500, its summary at 1000" in text
     assert "- CartPole-v1 seed 3: unfinished: stopped by SIGTERM at 46%" in text
     assert "- CartPole-v1 seed 4: missing\n" in text
-    assert ("- CartPole-v1 seed 5: missing; CartPole-v1__exp__5__1 was made with other flags: --learning-rate 0.5 "
-            "there, 0.001 here") in text  # fmt: skip
+    assert (
+        "- CartPole-v1 seed 5: missing; CartPole-v1__exp__5__1 was made with other flags: "
+        "--learning-rate 0.5 "
+        "there, 0.001 here"
+    ) in text
 
 
-# --------------------------------------------------------------------------------------------------- the records
+# ---------------------------------------------------------------------------------------------------
+# the records
 def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["s.py", "--learning-rate", "0.001"])
     records.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False))
     monkeypatch.setattr(sys, "argv", ["s.py", "--resume", "x", "--checkpoint-interval", "3"])
-    records.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x"),
-                          {"iteration": 7, "global_step": 224})  # fmt: skip
+    records.write_args(
+        tmp_path,
+        Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x"),
+        {"iteration": 7, "global_step": 224},
+    )
     saved = json.loads((tmp_path / "args.json").read_text())
-    assert saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
+    assert (
+        saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
+    )
     assert runs.asked_of(saved)["norm_obs"] is True  # asked for the default; its effect is what the flags say
     (resume,) = saved["resumes"]
     assert (resume["from_iteration"], resume["from_step"]) == (7, 224)
@@ -235,8 +331,8 @@ def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, mo
 
 
 def test_the_script_s_float32_observations_say_no_warning():
-    """A float64 Box (Hopper's, a Dict's one-hots) becomes the agent's float32 without gymnasium's "precision lowered"
-    warnings, which the script's own conversion caused."""
+    """A float64 Box (Hopper's, a Dict's one-hots) becomes the agent's float32 without gymnasium's
+    "precision lowered" warnings, which the script's own conversion caused."""
     import ppo_vec
 
     gym.register("Float64Obs-v0", entry_point=Float64Env)
@@ -268,36 +364,70 @@ def tiny_sweep(cwd, *argv, timeout=300, **popen):
 
 @pytest.mark.e2e
 def test_a_sweep_asked_for_other_flags_than_a_runs_starts_its_own_and_reports_only_it(tmp_path):
-    """The issue's case: a run made with the defaults, then a sweep asking for another rate and gamma from another
-    folder (the sweep run as a file): a new run, said why; the report averages that run alone."""
+    """The issue's case: a run made with the defaults, then a sweep asking for another rate and
+    gamma from another folder (the sweep run as a file): a new run, said why; the report averages
+    that run alone."""
     out = run_script(VEC, [*TINY, "--total-timesteps", "256"], tmp_path)
     assert out.returncode == 0, out.stderr
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     os.rename(tmp_path / "runs", cwd / "runs")
-    flags = ["--seeds", "1", "--report", "report", "--", *TINY, "--total-timesteps", "384", "--learning-rate", "1e-3",
-             "--gamma", "0.95"]  # fmt: skip
+    flags = [
+        "--seeds",
+        "1",
+        "--report",
+        "report",
+        "--",
+        *TINY,
+        "--total-timesteps",
+        "384",
+        "--learning-rate",
+        "1e-3",
+        "--gamma",
+        "0.95",
+    ]
     out = tiny_sweep(cwd, *flags)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "CartPole-v1 seed 1: start (a new run: CartPole-v1__ppo_vec__1__" in out.stdout
     said = (
-        "was made with other flags: --learning-rate 0.00025 there, 0.001 here, --gamma 0.99 there, 0.95 here, "
+        "was made with other flags: --learning-rate 0.00025 there, 0.001 here, --gamma 0.99 "
+        "there, 0.95 here, "
         "--total-timesteps 256 (--anneal-lr: the learning rate falls over all of them) there, 384 here)"
     )
     assert said in out.stdout
     text = (cwd / "report" / "report.md").read_text()
-    (row,) = [line for line in text.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]  # one run: the new one
-    assert "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 " in row
+    # one run: the new one
+    (row,) = [line for line in text.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]
+    assert (
+        "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 "
+        in row
+    )
 
 
 @pytest.mark.e2e
 def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
-    """A run with its own flags, stopped: the closing line's command goes on with those flags (not the defaults),
-    says where it resumes from, and its summary counts every segment; another rate is refused in one line."""
-    flags = [*TINY, "--total-timesteps", "30720", "--learning-rate", "0.001", "--gamma", "0.95",
-             "--checkpoint-interval", "2"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(VEC), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
+    """A run with its own flags, stopped: the closing line's command goes on with those flags (not
+    the defaults), says where it resumes from, and its summary counts every segment; another rate is
+    refused in one line."""
+    flags = [
+        *TINY,
+        "--total-timesteps",
+        "30720",
+        "--learning-rate",
+        "0.001",
+        "--gamma",
+        "0.95",
+        "--checkpoint-interval",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(VEC), *flags],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     for line in proc.stdout:
         if line.startswith("global_step="):
             break
@@ -309,18 +439,25 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     refused = run_script(VEC, [*command[2:], "--learning-rate", "0.002"], tmp_path)
     assert refused.returncode == 2 and refused.stderr == (
-        f"ppo_vec.py: error: --resume {command[3]} continues a run trained with --learning-rate 0.001 (not 0.002): a "
+        f"ppo_vec.py: error: --resume {command[3]} continues a run trained with --learning-rate "
+        "0.001 (not 0.002): a "
         "run's results come from one set of flags; drop those flags, or start a new run\n"
     )
-    out = run_command([sys.executable, *command[1:], "--total-timesteps", str(stopped_at["global_step"] + 256)],
-                      tmp_path)  # fmt: skip
+    out = run_command(
+        [sys.executable, *command[1:], "--total-timesteps", str(stopped_at["global_step"] + 256)], tmp_path
+    )
     assert out.returncode == 0, out.stderr
-    resumed = f"; resuming from iteration {stopped_at['iteration']} (step {stopped_at['global_step']}), the envs as"
+    resumed = (
+        f"; resuming from iteration {stopped_at['iteration']} (step {stopped_at['global_step']}), the envs as"
+    )
     assert resumed in out.stdout
-    share = 1 - stopped_at["iteration"] / (stopped_at["iteration"] + 2)  # a shorter run: the schedule moves, said
+    # a shorter run: the schedule moves, said
+    share = 1 - stopped_at["iteration"] / (stopped_at["iteration"] + 2)
     assert (
-        f"ppo_vec.py: --total-timesteps {stopped_at['global_step'] + 256} moves the end of --anneal-lr's schedule "
-        f"(made for 30720 steps): the learning rate goes on from {share:.2f} x --learning-rate down to 0 at step "
+        f"ppo_vec.py: --total-timesteps {stopped_at['global_step'] + 256} moves the end of "
+        "--anneal-lr's schedule "
+        f"(made for 30720 steps): the learning rate goes on from {share:.2f} x --learning-rate "
+        "down to 0 at step "
         f"{stopped_at['global_step'] + 256}\n"
     ) in out.stdout
     saved = json.loads((run_dir / "args.json").read_text())
@@ -328,22 +465,43 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
     assert saved["resumes"][0]["changed"] == {"total_timesteps": [30720, stopped_at["global_step"] + 256]}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["segments"] == 2 and summary["global_step"] == stopped_at["global_step"] + 256
-    assert re.search(rf"done: {summary['global_step']} of {summary['global_step']} steps in 0:00:\d\d", out.stdout)
-    lr = dict(read_scalars(run_dir)["charts/learning_rate"])  # 0.001, annealed over the new total's iterations
+    assert re.search(
+        rf"done: {summary['global_step']} of {summary['global_step']} steps in 0:00:\d\d", out.stdout
+    )
+    # 0.001, annealed over the new total's iterations
+    lr = dict(read_scalars(run_dir)["charts/learning_rate"])
     first = stopped_at["iteration"] + 1
     assert lr[first * 128] == pytest.approx(0.001 * (1 - stopped_at["iteration"] / (first + 1)))
 
 
 @pytest.mark.e2e
 def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
-    """While a run trains, resuming it elsewhere is refused in one line naming its process; a sweep killed with
-    SIGKILL takes its runs with it (they stop, and save), and the same sweep run again at once waits for them to end,
-    then resumes them to their end."""
-    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "6400", "--checkpoint-interval", "1"]
+    """While a run trains, resuming it elsewhere is refused in one line naming its process; a sweep
+    killed with SIGKILL takes its runs with it (they stop, and save), and the same sweep run again
+    at once waits for them to end, then resumes them to their end."""
+    flags = [
+        "--seeds",
+        "1",
+        "2",
+        "--jobs",
+        "2",
+        "--",
+        *TINY,
+        "--total-timesteps",
+        "6400",
+        "--checkpoint-interval",
+        "1",
+    ]
     slow = "tests.envs:SlowStep-v0"  # 2 ms a step, asleep: a run takes 15 s, on a busy machine or a quiet one
     cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", slow, *flags]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 90
     while len(list((tmp_path / "runs").glob("*/checkpoint.pt"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # both runs train, and have saved a checkpoint
@@ -359,19 +517,22 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     deadline = time.monotonic() + 30
     while any(alive(pid) for pid in writers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    again = run_command(cmd, tmp_path, timeout=300, extra_env={"PYTHONPATH": str(REPO)})  # at once: they may save
+    # at once: they may save
+    again = run_command(cmd, tmp_path, timeout=300, extra_env={"PYTHONPATH": str(REPO)})
     assert not any(alive(pid) for pid in writers), "the runs outlived their sweep"
     statuses = [json.loads((folder / "summary.json").read_text())["status"] for folder in folders]
     assert again.returncode == 0 and again.stdout.count(": resume, exit 0, status done") == 2, again.stdout
     assert statuses == ["done"] * 2 and sorted((tmp_path / "runs").glob("*__ppo_vec__*")) == folders
     resumed = [json.loads((folder / "args.json").read_text())["resumes"] for folder in folders]
-    assert all(len(resumes) == 1 for resumes in resumed)  # each stopped once by its sweep's death, and resumed
+    # each stopped once by its sweep's death, and resumed
+    assert all(len(resumes) == 1 for resumes in resumed)
 
 
 @pytest.mark.e2e
 def test_a_run_whose_sweep_died_while_it_started_does_not_train(tmp_path):
-    """A sweep killed while its run was still starting (importing torch takes seconds): the run finds its launcher
-    gone, by the pid the sweep gave it, and stops before it trains, instead of training on alone."""
+    """A sweep killed while its run was still starting (importing torch takes seconds): the run
+    finds its launcher gone, by the pid the sweep gave it, and stops before it trains, instead of
+    training on alone."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a launcher that has ended: this run's parent is another process
     slow = ["--env-id", "tests.envs:SlowStep-v0", "--total-timesteps", "6400"]  # 15 s of steps if it trained
@@ -385,8 +546,18 @@ def test_two_sweeps_never_train_one_run_twice_and_ctrl_c_stops_a_sweep(tmp_path)
     flags = ["--seeds", "1", "--", *TINY, "--total-timesteps", "100000"]
     cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", "CartPole-v1", *flags]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    first, second = (subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True) for _ in range(2))  # fmt: skip
+    first, second = (
+        subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    )
     deadline = time.monotonic() + 60
     while first.poll() is None and second.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -405,9 +576,13 @@ def test_two_sweeps_never_train_one_run_twice_and_ctrl_c_stops_a_sweep(tmp_path)
     (folder,) = (tmp_path / "runs").glob("CartPole-v1__*")
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "stopped by SIGINT" and out.splitlines()[-1] == "stopped by SIGINT"
-    saved = f"saved at iteration {summary['checkpoint_iteration']}" if summary["checkpoint"] else "nothing saved"
-    assert out.splitlines()[-2] == (f"unfinished: CartPole-v1 seed 1 (stopped by SIGINT, {saved}); the same command "
-                                    "resumes what was saved and starts the rest")  # fmt: skip
+    saved = (
+        f"saved at iteration {summary['checkpoint_iteration']}" if summary["checkpoint"] else "nothing saved"
+    )
+    assert out.splitlines()[-2] == (
+        f"unfinished: CartPole-v1 seed 1 (stopped by SIGINT, {saved}); the same command "
+        "resumes what was saved and starts the rest"
+    )
 
 
 @pytest.mark.e2e
@@ -417,5 +592,7 @@ def test_a_custom_env_beside_you_is_found_when_the_script_lives_elsewhere(tmp_pa
         "gym.register('MyCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
         "             max_episode_steps=50)\n"
     )
-    out = run_script(VEC, ["--env-id", "my_module:MyCartPole-v0", *TINY, "--total-timesteps", "128"], tmp_path)
+    out = run_script(
+        VEC, ["--env-id", "my_module:MyCartPole-v0", *TINY, "--total-timesteps", "128"], tmp_path
+    )
     assert out.returncode == 0 and "global_step=128/128" in out.stdout, out.stderr

@@ -1,5 +1,6 @@
-"""Stops are requests: a signal handler records them, the run honours them at safe points, every wait of the trainer
-wakes on them, and the processes the vec env starts leave stopping to the trainer."""
+"""Stops are requests: a signal handler records them, the run honours them at safe points, every
+wait of the trainer wakes on them, and the processes the vec env starts leave stopping to the
+trainer."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def test_a_stop_ends_a_wait_on_the_workers_and_close_leaves_nothing():
     """A step that hangs in a worker: the stop ends the wait within a fraction of a second (as Stopped, the
     interrupt's own exception), and close() ends the worker."""
     request = StopRequest()
-    envs = SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "hang", 1)], num_workers=2, interrupt=request)
+    envs = SubprocVecEnv(
+        [FaultyEnv, functools.partial(FaultyEnv, "hang", 1)], num_workers=2, interrupt=request
+    )
     envs.reset(seed=0)
     pids = envs.worker_pids
     ask_later(request, 0.3)
@@ -50,8 +53,8 @@ def test_a_stop_ends_a_wait_on_the_workers_and_close_leaves_nothing():
 
 
 def test_a_call_a_stop_ended_is_drained_on_close():
-    """The stop ends a wait for a large reply (a periodic save's env states): close() reads it, so that the worker is
-    not left writing it, and needs no kill."""
+    """The stop ends a wait for a large reply (a periodic save's env states): close() reads it, so
+    that the worker is not left writing it, and needs no kill."""
     request = StopRequest()
     envs = SubprocVecEnv([BigReplyEnv] * 2, num_workers=2, interrupt=request)
     ask_later(request, 0.1)
@@ -63,17 +66,23 @@ def test_a_call_a_stop_ended_is_drained_on_close():
 def test_a_stop_ends_the_wait_for_the_workers_to_build():
     request = StopRequest()
     ask_later(request, 0.3)
-    env_fns = [functools.partial(FaultyEnv, "hang", 0)] * 2  # hangs in reset: built at once, never answers reset
+    # hangs in reset: built at once, never answers reset
+    env_fns = [functools.partial(FaultyEnv, "hang", 0)] * 2
     with pytest.raises(Stopped):
         with SubprocVecEnv(env_fns, num_workers=2, interrupt=request) as envs:
             envs.reset(seed=0)
 
 
 def test_the_forkserver_and_the_workers_leave_stopping_to_the_trainer():
-    """A scheduler signals every process of a job: SIGINT and SIGTERM to every process the vec env started leave them
-    all running, and a worker that dies afterwards is still restarted (through the forkserver)."""
-    envs = SubprocVecEnv([functools.partial(FaultyEnv, "sigkill", 3), FaultyEnv], num_workers=2, max_restarts=1,
-                         context="forkserver")  # fmt: skip
+    """A scheduler signals every process of a job: SIGINT and SIGTERM to every process the vec env
+    started leave them all running, and a worker that dies afterwards is still restarted (through
+    the forkserver)."""
+    envs = SubprocVecEnv(
+        [functools.partial(FaultyEnv, "sigkill", 3), FaultyEnv],
+        num_workers=2,
+        max_restarts=1,
+        context="forkserver",
+    )
     envs.reset(seed=0)
     helpers = descendants()
     assert len(helpers - set(envs.worker_pids)) >= 2  # the forkserver and multiprocessing's resource tracker
@@ -90,8 +99,8 @@ def test_the_forkserver_and_the_workers_leave_stopping_to_the_trainer():
 
 
 def test_a_ctrl_c_forwarded_by_a_launcher_is_the_same_stop(tmp_path):
-    """torchrun forwards the terminal's Ctrl-C to ranks that got it already: two SIGINTs in quick succession are one
-    stop, which saves."""
+    """torchrun forwards the terminal's Ctrl-C to ranks that got it already: two SIGINTs in quick
+    succession are one stop, which saves."""
     proc = start_program(tmp_path, "--outcome", "wait")
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
@@ -102,8 +111,8 @@ def test_a_ctrl_c_forwarded_by_a_launcher_is_the_same_stop(tmp_path):
 
 
 def test_a_second_ctrl_c_ends_a_stop_that_waits_at_once(tmp_path):
-    """A stop waits for the loop's next safe point; env code that never returns holds it there, and a second Ctrl-C
-    (a second after the first) ends the process at once."""
+    """A stop waits for the loop's next safe point; env code that never returns holds it there, and
+    a second Ctrl-C (a second after the first) ends the process at once."""
     proc = start_program(tmp_path, "--outcome", "stuck")
     proc.send_signal(signal.SIGINT)
     time.sleep(1.5)
@@ -111,18 +120,24 @@ def test_a_second_ctrl_c_ends_a_stop_that_waits_at_once(tmp_path):
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
-    assert time.monotonic() - start < 20  # at once, not after the stop's 120 s bound (a loaded machine is slow)
+    # at once, not after the stop's 120 s bound (a loaded machine is slow)
+    assert time.monotonic() - start < 20
     assert proc.returncode == 130 and stderr.endswith("prog.py: a second Ctrl-C: ending now\n")
 
 
 def test_no_signal_handler_of_the_project_raises():
-    """The handlers record (and a sweep's passes the signal on to its runs); raising is for the safe points."""
+    """The handlers record (and a sweep's passes the signal on to its runs); raising is for the
+    safe points."""
     import ast
 
     handlers, bodies = set(), {}
     for path in (REPO / "common").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "signal" and len(node.args) == 2:
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", "") == "signal"
+                and len(node.args) == 2
+            ):
                 handlers.add(ast.unparse(node.args[1]).removeprefix("self."))
             if isinstance(node, ast.FunctionDef):
                 bodies[node.name] = node

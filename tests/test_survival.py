@@ -1,7 +1,7 @@
-"""Long runs on a cluster, end to end, where the survival mechanisms meet: checkpoints never change training, a stop
-at any moment (mid-save, signalled to any thread) leaves one correctly labelled checkpoint, signals to every process
-of a job end in the trainer's stop path, a failing rank says why with its rank, ranks end with their launcher, and
-nothing a run started outlives it."""
+"""Long runs on a cluster, end to end, where the survival mechanisms meet: checkpoints never change
+training, a stop at any moment (mid-save, signalled to any thread) leaves one correctly labelled
+checkpoint, signals to every process of a job end in the trainer's stop path, a failing rank says
+why with its rank, ranks end with their launcher, and nothing a run started outlives it."""
 
 from __future__ import annotations
 
@@ -43,22 +43,30 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-CARTPOLE = [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"]  # 128 steps an iteration, in the trainer
+# 128 steps an iteration, in the trainer
+CARTPOLE = [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"]
 
 
 def learning_curves(run_dir: Path) -> dict:
     """Every scalar a run logged but those that time it (SPS, perf/*)."""
-    return {tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS" and "perf/" not in tag}
+    return {
+        tag: values
+        for tag, values in read_scalars(run_dir).items()
+        if tag != "charts/SPS" and "perf/" not in tag
+    }
 
 
 @pytest.mark.parametrize(("script", "args", "steps"), [(VEC, CARTPOLE, 128), (ATARI, ATARI_TINY, 16)])
 def test_checkpointing_is_invisible_to_training(tmp_path, script, args, steps):
-    """The same run with and without --checkpoint-interval 1 logs the same numbers, episodes and losses alike."""
+    """The same run with and without --checkpoint-interval 1 logs the same numbers, episodes and
+    losses alike."""
     curves = []
     for interval in ("0", "1"):
         cwd = tmp_path / interval
         cwd.mkdir()
-        out = run_script(script, [*args, "--total-timesteps", 6 * steps, "--checkpoint-interval", interval], cwd)
+        out = run_script(
+            script, [*args, "--total-timesteps", 6 * steps, "--checkpoint-interval", interval], cwd
+        )
         assert out.returncode == 0, out.stderr
         curves.append(learning_curves(only_run_dir(cwd)))
     assert curves[0] == curves[1]
@@ -88,9 +96,10 @@ def thread_kill(pid: int, tid: int, sig: int) -> None:
 
 
 def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
-    """SIGTERM to a thread other than the main one while the first periodic checkpoint is being written (its fsync
-    made slow): the checkpoint written is labelled with the iteration whose weights it holds, and the resumed run
-    ends where a run never stopped ends, every iteration logged once."""
+    """SIGTERM to a thread other than the main one while the first periodic checkpoint is being
+    written (its fsync made slow): the checkpoint written is labelled with the iteration whose
+    weights it holds, and the resumed run ends where a run never stopped ends, every iteration
+    logged once."""
     args = [*CARTPOLE, "--checkpoint-interval", "1", "--no-anneal-lr", "--save-model", "--eval-episodes", "0"]
     args += ["--total-timesteps", 6 * 128]
     (tmp_path / "full").mkdir()
@@ -100,17 +109,25 @@ def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
     (tmp_path / "hooks" / "sitecustomize.py").write_text(SLOW_SAVE)
     (tmp_path / "stopped").mkdir()
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(tmp_path / "hooks"))
-    proc = subprocess.Popen([sys.executable, str(VEC), *map(str, args)], cwd=tmp_path / "stopped", env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(VEC), *map(str, args)],
+        cwd=tmp_path / "stopped",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr.readline() == "saving\n"
     threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
-    thread_kill(proc.pid, threads[-1], signal.SIGTERM)  # the newest thread: not the main one, if there are others
+    # the newest thread: not the main one, if there are others
+    thread_kill(proc.pid, threads[-1], signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
     run_dir = only_run_dir(tmp_path / "stopped")
     assert [p.name for p in run_dir.glob("*.tmp")] == []
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert saved["iteration"] == 1 and saved["env_states"] is not None  # the snapshot being saved, with its envs
+    # the snapshot being saved, with its envs
+    assert saved["iteration"] == 1 and saved["env_states"] is not None
     out = run_script(VEC, [*args, "--resume", run_dir / "checkpoint.pt"], tmp_path / "stopped")
     assert out.returncode == 0, out.stderr
     expected = torch.load(only_run_dir(tmp_path / "full") / "ppo_vec.cleanrl_model", weights_only=True)
@@ -121,9 +138,10 @@ def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
     assert steps == [128 * i for i in range(1, 7)]  # each iteration once: none repeated, none skipped
 
 
-# A stop delivered inside TensorBoard's writer queue, where an exception thrown by a signal handler loses the wake-up
-# of the writer thread (which then sleeps until its 120 s flush): the N-th event the run logs is put once the writer
-# thread waits for it, and the signal comes between counting the event and waking the thread.
+# A stop delivered inside TensorBoard's writer queue, where an exception thrown by a signal handler
+# loses the wake-up of the writer thread (which then sleeps until its 120 s flush): the N-th event
+# the run logs is put once the writer thread waits for it, and the signal comes between counting the
+# event and waking the thread.
 STOP_INSIDE_TENSORBOARD = """
 import os, queue, signal, sys, time
 
@@ -145,7 +163,8 @@ def put(self, item, block=True, timeout=None):
         _count += 1
         if _count == int(os.environ["STOP_AT_EVENT"]):
             self.join()
-            deadline = time.monotonic() + 10  # bounded: the writer thread is back in its wait within microseconds
+            # bounded: the writer thread is back in its wait within microseconds
+            deadline = time.monotonic() + 10
             while not self.not_empty._waiters and time.monotonic() < deadline:
                 time.sleep(0.001)
             real, self.not_empty = self.not_empty, _SignalFirst(self.not_empty)
@@ -162,8 +181,9 @@ queue.Queue.put = put
 
 @pytest.mark.parametrize("sig", ["SIGTERM", *LONG("SIGINT")])
 def test_a_stop_inside_a_tensorboard_write_ends_promptly_and_saves(tmp_path, sig):
-    """The stop arrives at the one point of TensorBoard's queue where an exception would hang its writer thread: the
-    run still stops within seconds, with its checkpoint, its events flushed and its closing line."""
+    """The stop arrives at the one point of TensorBoard's queue where an exception would hang its
+    writer thread: the run still stops within seconds, with its checkpoint, its events flushed and
+    its closing line."""
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(STOP_INSIDE_TENSORBOARD)
     hooks = {"PYTHONPATH": str(tmp_path / "hooks"), "STOP_AT_EVENT": "30", "STOP_SIGNAL": sig}
@@ -177,15 +197,19 @@ def test_a_stop_inside_a_tensorboard_write_ends_promptly_and_saves(tmp_path, sig
 
 
 def test_a_rank_that_fails_at_start_up_says_why_and_the_job_ends(tmp_path):
-    """An env that cannot be built on rank 1 alone: rank 1 says so with its rank, and rank 0, waiting for it in the
-    rendezvous when the launcher stops it, ends at once."""
+    """An env that cannot be built on rank 1 alone: rank 1 says so with its rank, and rank 0,
+    waiting for it in the rendezvous when the launcher stops it, ends at once."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
     cmd += [*ATARI_TINY, "--env-id", "tests.envs:BreakoutOnRank0-v0", "--total-timesteps", "1000"]
     start = time.monotonic()
     out = run_command(cmd, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode != 0 and time.monotonic() - start < 25, out.stderr[-3000:]
-    line = next(line for line in out.stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: "))
-    assert line.startswith("ppo_atari_multigpu.py: rank 1: error: --env-id tests.envs:BreakoutOnRank0-v0 cannot be")
+    line = next(
+        line for line in out.stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: ")
+    )
+    assert line.startswith(
+        "ppo_atari_multigpu.py: rank 1: error: --env-id tests.envs:BreakoutOnRank0-v0 cannot be"
+    )
 
 
 def test_the_scripts_run_with_no_flags_at_all(tmp_path):
@@ -216,14 +240,20 @@ def test_signals_to_every_process_of_the_job_end_in_the_stop_path(tmp_path, gap)
     assert f"continue with: python {VEC} --resume runs/" in stderr
     checkpoint = only_run_dir(tmp_path) / "checkpoint.pt"
     total = torch.load(checkpoint, weights_only=True)["global_step"] + 2 * 128
-    out = run_script(VEC, [*args, "--total-timesteps", total, "--resume", checkpoint], tmp_path, timeout=300,
-                     extra_env=fault_env(tmp_path))  # fmt: skip
+    out = run_script(
+        VEC,
+        [*args, "--total-timesteps", total, "--resume", checkpoint],
+        tmp_path,
+        timeout=300,
+        extra_env=fault_env(tmp_path),
+    )
     assert out.returncode == 0 and f"global_step={total}/{total}" in out.stdout, out.stderr
 
 
 def forkserver_children(rank: int, timeout: float = 30.0) -> list[int]:
-    """The worker processes of a rank: children of the forkserver it started (the rank's own child whose command
-    line names the forkserver; the workers it forks carry the same command line). Waits for them, bounded."""
+    """The worker processes of a rank: children of the forkserver it started (the rank's own child
+    whose command line names the forkserver; the workers it forks carry the same command line).
+    Waits for them, bounded."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in descendants(rank):
@@ -244,22 +274,41 @@ def test_a_failing_rank_says_why_with_its_rank(tmp_path):
     os.kill(worker, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    line = next(line for line in stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: error: "))
+    line = next(
+        line for line in stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: error: ")
+    )
     assert f"worker 0 (pid {worker}, envs [0, 1]) was killed by SIGKILL" in line
     assert "Traceback" not in stderr.split("ppo_atari_multigpu.py: rank 1: error")[0][-2000:]
 
 
 def test_a_rank_whose_peer_vanished_says_so_in_one_line_and_saves(tmp_path):
-    """Ranks a scheduler's own launcher started (no torchrun agent to end the job): rank 0 learns that rank 1 was
-    killed from its next collective, and says so in one line, saves the last boundary and exits 1."""
+    """Ranks a scheduler's own launcher started (no torchrun agent to end the job): rank 0 learns
+    that rank 1 was killed from its next collective, and says so in one line, saves the last
+    boundary and exits 1."""
     port = free_port()
     ranks = []
     for rank in (0, 1):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, str(ATARI), *ATARI_TINY, "--total-timesteps", "10000000"],
-                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True))  # fmt: skip
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONUNBUFFERED="1",
+        )
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, str(ATARI), *ATARI_TINY, "--total-timesteps", "10000000"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     try:
         next(line for line in ranks[0].stdout if line.startswith("global_step="))
         ranks[1].kill()
@@ -275,8 +324,8 @@ def test_a_rank_whose_peer_vanished_says_so_in_one_line_and_saves(tmp_path):
 
 
 def test_ranks_stop_and_save_when_their_launcher_dies(tmp_path):
-    """SIGKILL to torchrun's agent alone: each rank is told (SIGTERM), stops through its stop path within seconds
-    (rank 0 saves), and leaves nothing behind."""
+    """SIGKILL to torchrun's agent alone: each rank is told (SIGTERM), stops through its stop path
+    within seconds (rank 0 saves), and leaves nothing behind."""
     proc = start_torchrun(tmp_path)
     family = descendants(proc.pid)
     start = time.monotonic()
@@ -295,9 +344,9 @@ def helpers(tmp_path) -> list[int]:
 
 @pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", *LONG("done")])
 def test_helpers_of_the_envs_end_with_the_run(tmp_path, ending):
-    """An env of yours that starts a helper process (and never ends it) steps in workers by default: the probe's helper
-    and the workers' end with the run, however it ends. (With --num-workers 0 the envs are the trainer's, as in
-    SyncVectorEnv: what they start is theirs to end.)"""
+    """An env of yours that starts a helper process (and never ends it) steps in workers by default:
+    the probe's helper and the workers' end with the run, however it ends. (With --num-workers 0 the
+    envs are the trainer's, as in SyncVectorEnv: what they start is theirs to end.)"""
     args = ["--env-id", "tests.envs:HelperExec-v0", *VEC_TINY]
     if ending == "done":
         out = run_script(VEC, [*args, "--total-timesteps", "256"], tmp_path, extra_env=fault_env(tmp_path))
@@ -311,8 +360,8 @@ def test_helpers_of_the_envs_end_with_the_run(tmp_path, ending):
 
 
 def test_a_finished_run_requeued_with_its_resume_command_does_nothing(tmp_path):
-    """A job requeued after its run finished (resumed earlier from a stop) finds the final checkpoint: nothing to do,
-    nothing retrained, the model left as it was."""
+    """A job requeued after its run finished (resumed earlier from a stop) finds the final
+    checkpoint: nothing to do, nothing retrained, the model left as it was."""
     args = [*CARTPOLE, "--total-timesteps", "384", "--save-model", "--eval-episodes", "0"]
     out = run_script(VEC, args, tmp_path)
     assert out.returncode == 0, out.stderr
@@ -325,17 +374,22 @@ def test_a_finished_run_requeued_with_its_resume_command_does_nothing(tmp_path):
 
 
 def test_a_resume_rewrites_records_that_are_not_what_a_run_writes_and_says_so(tmp_path):
-    """args.json holding JSON that is no object, summary.json holding text where numbers were: the resumed run says
-    that args.json is written anew from the checkpoint, counts only its own segment, and ends with true records."""
+    """args.json holding JSON that is no object, summary.json holding text where numbers were: the
+    resumed run says that args.json is written anew from the checkpoint, counts only its own
+    segment, and ends with true records."""
     args = [*CARTPOLE, "--total-timesteps", "256"]
     assert run_script(VEC, args, tmp_path).returncode == 0
     run_dir = only_run_dir(tmp_path)
     (run_dir / "args.json").write_text("[1, 2, 3]\n")
     (run_dir / "summary.json").write_text('{"seconds": "long", "segments": null}\n')
-    out = run_script(VEC, [*CARTPOLE, "--total-timesteps", "512", "--resume", run_dir / "checkpoint.pt"], tmp_path)
+    out = run_script(
+        VEC, [*CARTPOLE, "--total-timesteps", "512", "--resume", run_dir / "checkpoint.pt"], tmp_path
+    )
     assert out.returncode == 0, out.stderr
-    assert f"ppo_vec.py: {run_dir / 'args.json'} held no record of flags: written anew from the checkpoint\n" in (
-        out.stdout)  # fmt: skip
+    assert (
+        f"ppo_vec.py: {run_dir / 'args.json'} held no record of flags: written anew from the checkpoint\n"
+        in (out.stdout)
+    )
     saved = json.loads((run_dir / "args.json").read_text())
     assert saved["total_timesteps"] == 512 and saved["resumes"][0]["from_iteration"] == 2
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -346,5 +400,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "runs").write_text("not a folder")
     out = run_script(VEC, CARTPOLE, tmp_path)
     assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr == (f"ppo_vec.py: error: cannot make the run folder in {tmp_path / 'runs'} (a file of that "
-                          "name is in the way); run from a folder you can write to\n")  # fmt: skip
+    assert out.stderr == (
+        f"ppo_vec.py: error: cannot make the run folder in {tmp_path / 'runs'} (a file of that "
+        "name is in the way); run from a folder you can write to\n"
+    )

@@ -1,5 +1,6 @@
-"""common/sweep: a sweep over seeds that skips what is finished and resumes or extends the rest, through the thread
-pool and through submitit's local executor, and the report's figures on known inputs."""
+"""common/sweep: a sweep over seeds that skips what is finished and resumes or extends the rest,
+through the thread pool and through submitit's local executor, and the report's figures on known
+inputs."""
 
 from __future__ import annotations
 
@@ -29,8 +30,20 @@ def run_sweep(tmp_path, *argv, timeout=300):
 @pytest.mark.e2e
 @pytest.mark.parametrize("executor", ["local", "submitit-local"])
 def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
-    flags = ["--seeds", "1", "2", "--jobs", "2", "--executor", executor, "--", *TINY, "--no-anneal-lr",
-             "--total-timesteps", "512"]  # fmt: skip
+    flags = [
+        "--seeds",
+        "1",
+        "2",
+        "--jobs",
+        "2",
+        "--executor",
+        executor,
+        "--",
+        *TINY,
+        "--no-anneal-lr",
+        "--total-timesteps",
+        "512",
+    ]
     out = run_sweep(tmp_path, *flags)
     assert out.returncode == 0, out.stdout + out.stderr
     folders = sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*"))
@@ -46,7 +59,9 @@ def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
     more = [*flags[:-1], "640"]  # a larger total extends each run in its folder (no schedule spans the run)
     out = run_sweep(tmp_path, *more)
     assert out.returncode == 0, out.stdout
-    assert out.stdout.count(": extend (from 512 to 640 steps: no schedule spans it), exit 0, status done") == 2
+    assert (
+        out.stdout.count(": extend (from 512 to 640 steps: no schedule spans it), exit 0, status done") == 2
+    )
     assert sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*")) == folders
     assert all(json.loads((f / "summary.json").read_text())["global_step"] == 640 for f in folders)
     out = run_sweep(tmp_path, "--report-only", "--report", "report", *more)  # the runs of those flags
@@ -58,16 +73,20 @@ def test_seeds_are_read_as_written():
     assert runs.seeds(["1-3", "7"]) == [1, 2, 3, 7]
 
 
-@pytest.mark.parametrize(("flags", "says"), [
-    (["--seeds", "abc"], "--seeds abc: write seeds in [0, 2**32), or ranges low-high such as 1-10"),
-    (["--seeds", "-3"], "--seeds -3: write seeds"),
-    (["--seeds", "5-1"], "--seeds 5-1: write seeds"),  # an empty range: the sweep ran nothing, exit 0
-    (["--seeds", "\u0663"], "write seeds"),  # an Arabic-Indic 3: str.isdigit took it as seed 3
-    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
-    (["--timeout-min", "0"], "--timeout-min must be >= 1, got 0"),  # submitit's job then ended with a traceback
-    (["--cpus-per-task", "0"], "--cpus-per-task must be >= 1, got 0"),
-    (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--seeds", "abc"], "--seeds abc: write seeds in [0, 2**32), or ranges low-high such as 1-10"),
+        (["--seeds", "-3"], "--seeds -3: write seeds"),
+        (["--seeds", "5-1"], "--seeds 5-1: write seeds"),  # an empty range: the sweep ran nothing, exit 0
+        (["--seeds", "\u0663"], "write seeds"),  # an Arabic-Indic 3: str.isdigit took it as seed 3
+        (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+        # submitit's job then ended with a traceback
+        (["--timeout-min", "0"], "--timeout-min must be >= 1, got 0"),
+        (["--cpus-per-task", "0"], "--cpus-per-task must be >= 1, got 0"),
+        (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
+    ],
+)
 def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, says):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("")
@@ -79,10 +98,15 @@ def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, caps
 
 def test_aggregate_on_known_numbers():
     a = report.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0])
-    assert a["runs"] == 5 and a["mean"] == 220.0 and a["std"] == pytest.approx(np.std([10, 20, 30, 40, 1000], ddof=1))
+    assert (
+        a["runs"] == 5
+        and a["mean"] == 220.0
+        and a["std"] == pytest.approx(np.std([10, 20, 30, 40, 1000], ddof=1))
+    )
     assert a["iqm"] == pytest.approx(30.0)  # the middle half of 5: 20, 30, 40 (one cut at each end)
     assert 10.0 <= a["iqm_low"] <= a["iqm"] <= a["iqm_high"] <= 1000.0
-    assert report.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0]) == a  # a fixed generator: the same interval again
+    # a fixed generator: the same interval again
+    assert report.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0]) == a
     one = report.aggregate([7.0])
     assert (one["iqm"], one["iqm_low"], one["iqm_high"], one["std"]) == (7.0, 7.0, 7.0, 0.0)
     table = report.markdown_table({"Hopper-v5": a}, reference={"Hopper-v5": "2382.9 +- 271.7"})
@@ -99,38 +123,55 @@ def write_run(folder, returns, step=10):
 
 
 def test_curves_from_events(tmp_path):
-    """Two runs whose returns are 1, 2, 3, ... and 3, 4, 5, ...: the 20-episode means differ by 2 everywhere, their
-    mean lies halfway, and the band holds it; the last-20 return of each run is read from its events."""
+    """Two runs whose returns are 1, 2, 3, ... and 3, 4, 5, ...: the 20-episode means differ by 2
+    everywhere, their mean lies halfway, and the band holds it; the last-20 return of each run is
+    read from its events."""
     a = write_run(tmp_path / "a", np.arange(1.0, 101.0))
     b = write_run(tmp_path / "b", np.arange(3.0, 103.0))
     assert report.final_return(a) == pytest.approx(np.mean(np.arange(81.0, 101.0)))
     grid, mean, low, high = report.curve_band([a, b], points=10)
     assert grid[0] == 200.0 and grid[-1] == 1000.0
-    np.testing.assert_allclose(mean, grid / 10 - 9.5 + 1.0)  # run a's mean at step s is s/10 - 9.5; b's is 2 more
+    # run a's mean at step s is s/10 - 9.5; b's is 2 more
+    np.testing.assert_allclose(mean, grid / 10 - 9.5 + 1.0)
     assert (low <= mean).all() and (mean <= high).all() and (high - low).max() <= 2.0 + 1e-9
     png = report.plot_groups({"two runs": [a, b]}, tmp_path / "curves.png", "test")
     assert png.stat().st_size > 10_000
 
 
 def test_the_slurm_form_asks_submitit_for_what_the_flags_say(tmp_path, monkeypatch):
-    """No SLURM here: a stand-in srun lets submitit build the job script, which must carry the flags (the array's
-    parallelism is added when the array is submitted) and the USR2 warning that makes a run stop, save and requeue."""
+    """No SLURM here: a stand-in srun lets submitit build the job script, which must carry the flags
+    (the array's parallelism is added when the array is submitted) and the USR2 warning that makes a
+    run stop, save and requeue."""
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "bin" / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    args = argparse.Namespace(cwd=str(tmp_path), executor="slurm", timeout_min=240, jobs=8, cpus_per_task=4, gpus=1,
-                              partition="gpu", exp_name="sweep")  # fmt: skip
+    args = argparse.Namespace(
+        cwd=str(tmp_path),
+        executor="slurm",
+        timeout_min=240,
+        jobs=8,
+        cpus_per_task=4,
+        gpus=1,
+        partition="gpu",
+        exp_name="sweep",
+    )
     executor = runs.submitit_executor(args)
     script = executor._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
-    for line in ["--partition=gpu", "--time=240", "--cpus-per-task=4", "--gpus-per-node=1", "--signal=USR2@90"]:
+    for line in [
+        "--partition=gpu",
+        "--time=240",
+        "--cpus-per-task=4",
+        "--gpus-per-node=1",
+        "--signal=USR2@90",
+    ]:
         assert f"#SBATCH {line}\n" in script
     assert executor._executor.parameters["array_parallelism"] == 8
 
 
 def test_a_requeued_job_stops_its_run_first(tmp_path):
-    """submitit's checkpoint hook (SLURM's warning before preemption or the time limit): the run gets SIGTERM (it saves
-    and exits), and the job comes back with the same run to resume it."""
+    """submitit's checkpoint hook (SLURM's warning before preemption or the time limit): the run
+    gets SIGTERM (it saves and exits), and the job comes back with the same run to resume it."""
     run = runs.Run("ppo_vec.py", "CartPole-v1", 3, "exp", [], str(tmp_path))
     job = runs.RunJob()
     job.proc = child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -1,4 +1,5 @@
-"""The run plumbing both scripts share: Run (run.py) and, for several ranks, RankedRun (ranks.py)."""
+"""The run plumbing both scripts share: Run (run.py) and, for several ranks, RankedRun
+(ranks.py)."""
 
 from .run import Run
 

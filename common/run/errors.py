@@ -7,7 +7,8 @@ class FlagError(ValueError):
 
 
 class RunError(RuntimeError):
-    """A failure during the run that one line explains (unwritable disk, NaN weights, ...): exit status 1."""
+    """A failure during the run that one line explains (unwritable disk, NaN weights, ...): exit
+    status 1."""
 
 
 class Finished(Exception):

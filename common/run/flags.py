@@ -1,5 +1,5 @@
-"""The flags both scripts share, checked before anything starts: one FlagError naming the flag and what it allows. Also
-the env id, and the env built once in a probe process (vecenv/layout.py)."""
+"""The flags both scripts share, checked before anything starts: one FlagError naming the flag and
+what it allows. Also the env id, and the env built once in a probe process (vecenv/layout.py)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,19 @@ from .records import flag
 
 
 def plain_name(name: str) -> bool:
-    """True for a name that stays one folder inside runs/: not empty, no path separator, not '.' or '..'."""
+    """True for a name that stays one folder inside runs/: not empty, no path separator, not '.' or
+    '..'."""
     return name not in ("", ".", "..") and not any(s in name for s in {"/", "\0", os.sep, os.altsep or "/"})
 
 
 # The flags both scripts have: (field, test of its value, what is allowed)
 SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("exp_name", plain_name, "a plain name (no '/', not '.' or '..')"),
-    ("exp_name", lambda v: len(v.encode()) <= 200, "at most 200 bytes (it names a folder with the env id and seed)"),
+    (
+        "exp_name",
+        lambda v: len(v.encode()) <= 200,
+        "at most 200 bytes (it names a folder with the env id and seed)",
+    ),
     ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("num_steps", lambda v: v >= 1, ">= 1"),
     ("num_minibatches", lambda v: v >= 1, ">= 1"),
@@ -47,19 +52,29 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("checkpoint_interval", lambda v: v >= 0, ">= 0 (0: only when stopped)"),
     ("num_workers", lambda v: v is None or v >= 0, ">= 0 (0: the envs step in the trainer) or unset"),
     ("max_restarts", lambda v: v >= 0, ">= 0"),
-    ("step_timeout", lambda v: v is None or 0 < v <= 604800, "in (0, 604800] seconds, a week (or unset: no limit)"),
-    ("num_threads", lambda v: v is None or 1 <= v <= 1024, "in [1, 1024]"),  # torch crashes making 100000 threads
+    (
+        "step_timeout",
+        lambda v: v is None or 0 < v <= 604800,
+        "in (0, 604800] seconds, a week (or unset: no limit)",
+    ),
+    # torch crashes making 100000 threads
+    ("num_threads", lambda v: v is None or 1 <= v <= 1024, "in [1, 1024]"),
 ]
 
 
 def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
-    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks a rule of
-    SHARED_FLAGS (for the fields args has) or of the script's own (field, ok, allowed) rules."""
+    """FlagError for the first float flag that is NaN or infinite, then for the first flag that
+    breaks a rule of SHARED_FLAGS (for the fields args has) or of the script's own (field, ok,
+    allowed) rules."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise FlagError(f"{flag(field.name)} must be a finite number, got {value}")
-    shared = [(name, test(getattr(args, name)), allowed) for name, test, allowed in SHARED_FLAGS if hasattr(args, name)]
+    shared = [
+        (name, test(getattr(args, name)), allowed)
+        for name, test, allowed in SHARED_FLAGS
+        if hasattr(args, name)
+    ]
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
@@ -72,44 +87,52 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
 
 
 def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bool, str]]:
-    """The rules of a batch: `envs` (the field of a rank's envs) x --num-steps, split into --num-minibatches, and
-    --total-timesteps worth at least one batch of every rank."""
+    """The rules of a batch: `envs` (the field of a rank's envs) x --num-steps, split into
+    --num-minibatches, and --total-timesteps worth at least one batch of every rank."""
     n = getattr(args, envs)
     batch_size = n * args.num_steps
     batch = f"batch of {batch_size} steps ({flag(envs)} {n} x --num-steps {args.num_steps})"
     least = f">= one {batch}" if world_size == 1 else f">= {world_size} x a {batch}"
-    return [(envs, n >= 1, ">= 1"),
-            ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
-            ("total_timesteps", args.total_timesteps >= batch_size * world_size, least)]  # fmt: skip
+    return [
+        (envs, n >= 1, ">= 1"),
+        ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
+        ("total_timesteps", args.total_timesteps >= batch_size * world_size, least),
+    ]
 
 
 def check_bool_values(args_type: type, argv: list[str]) -> None:
-    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): here they are
-    switches, `--flag` or `--no-flag`."""
+    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling):
+    here they are switches, `--flag` or `--no-flag`."""
     switches = {flag(f.name) for f in dataclasses.fields(args_type) if f.type in (bool, "bool")}
-    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):  # each word with the one after it
+    # each word with the one after it
+    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
         name = given.split("=", 1)[0]
         if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
             value = given.split("=", 1)[1] if "=" in given else value
-            raise FlagError(f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
-                            f"--no-{name[2:]} to turn it off")  # fmt: skip
+            raise FlagError(
+                f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
+                f"--no-{name[2:]} to turn it off"
+            )
 
 
 def check_installed(args: Any, needs: dict[str, str]) -> None:
-    """FlagError for a flag that is on while the package it needs is missing: needs = {field: package}."""
+    """FlagError for a flag that is on while the package it needs is missing: needs = {field:
+    package}."""
     for name, package in needs.items():
         if getattr(args, name, False) and importlib.util.find_spec(package) is None:
             raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
 
 
 def check_env_id(env_id: str) -> None:
-    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches if not)."""
+    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches
+    if not)."""
     import ale_py
 
     gym.register_envs(ale_py)  # Atari ids are known, so a script can say which ones are for it
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner on every Atari env built
     module, _, name = env_id.rpartition(":")
-    if module and os.getcwd() not in sys.path:  # the working folder too, as `python -m` would: a module beside you
+    # the working folder too, as `python -m` would: a module beside you
+    if module and os.getcwd() not in sys.path:
         sys.path.insert(1, os.getcwd())  # (workers and the probe get this path)
     try:
         if module:
@@ -117,9 +140,14 @@ def check_env_id(env_id: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the user's module: say what went wrong in it, in one line
         hint = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]:
-            hint = (f"; it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: run from the "
-                    "folder that holds it, add that folder to PYTHONPATH, or pip install its package")  # fmt: skip
-        raise FlagError(f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}") from None
+            hint = (
+                f"; it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: "
+                "run from the "
+                "folder that holds it, add that folder to PYTHONPATH, or pip install its package"
+            )
+        raise FlagError(
+            f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}"
+        ) from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
@@ -127,19 +155,22 @@ def check_env_id(env_id: str) -> None:
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
-    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's own:
-    vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the probe found, or FlagError
-    naming --env-id."""
+    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's
+    own: vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the
+    probe found, or FlagError naming --env-id."""
     try:
         return probe(make, bound, interrupt=stops.request, check_api=True)
     except ProbeFailed as exc:
         if exc.phase == "api":
-            raise FlagError(f"--env-id {env_id} follows the old gym API ({exc.summary}); the scripts need gymnasium's: "
-                            "reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, "
-                            "truncated, info)") from None  # fmt: skip
+            raise FlagError(
+                f"--env-id {env_id} follows the old gym API ({exc.summary}); the scripts need gymnasium's: "
+                "reset(seed=None, options=None) -> (obs, info), step(action) -> (obs, reward, terminated, "
+                "truncated, info)"
+            ) from None
         if exc.phase == "start":  # the probe itself, before any env code: not the env's fault
-            raise FlagError(f"--env-id {env_id}: the process that builds it to look at it could not start "
-                            f"({exc.summary})") from None  # fmt: skip
+            raise FlagError(
+                f"--env-id {env_id}: the process that builds it to look at it could not start ({exc.summary})"
+            ) from None
         raise FlagError(f"--env-id {env_id} cannot be {exc.done} here: {exc.summary}") from None
     except TimeoutError:
         raise FlagError(f"--env-id {env_id}: building the env did not finish within {bound:g} s") from None

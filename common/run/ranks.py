@@ -1,6 +1,6 @@
-"""A run of several ranks under torchrun: what they decide together. RankedRun is Run with a process group, a stop
-agreed by all, every rank's generators and envs kept at each boundary (rank 0 writes them), and episodes, restarts and
-losses gathered over ranks."""
+"""A run of several ranks under torchrun: what they decide together. RankedRun is Run with a process
+group, a stop agreed by all, every rank's generators and envs kept at each boundary (rank 0 writes
+them), and episodes, restarts and losses gathered over ranks."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from .stops import Stopped
 
 
 class RankedRun(Run):
-    """Run, as one of `world_size` ranks (torchrun's RANK and WORLD_SIZE); plain `python` is one rank without a process
-    group. The model and optimizer are rank 0's (DDP keeps them equal); generators and envs are every rank's."""
+    """Run, as one of `world_size` ranks (torchrun's RANK and WORLD_SIZE); plain `python` is one
+    rank without a process group. The model and optimizer are rank 0's (DDP keeps them equal);
+    generators and envs are every rank's."""
 
     def __init__(self, args: Any, rank: int, world_size: int, local_world_size: int):
         super().__init__(args, rank, world_size, local_world_size)
@@ -27,12 +28,16 @@ class RankedRun(Run):
 
     @contextlib.contextmanager
     def start(self, device: torch.device, *args: Any, **state: Any) -> Iterator[Any]:
-        """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or --backend)."""
+        """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or
+        --backend)."""
         if self.distributed:
-            stops.request.at_once = True  # the rendezvous waits for every rank in C++: a stop ends this rank at once
+            # the rendezvous waits for every rank in C++: a stop ends this rank at once
+            stops.request.at_once = True
             try:
                 stops.request.check()  # (one the thread saw just before)
-                dist.init_process_group(backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+                dist.init_process_group(
+                    backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo")
+                )
             finally:
                 stops.request.at_once = False
         try:
@@ -42,7 +47,9 @@ class RankedRun(Run):
             if not self.lost_rank(exc):  # (asked before the group is gone)
                 raise
             reason = records.one_line(exc, 300)
-            raise RunError(f"lost contact with another rank ({reason}); that rank's own message says why") from None
+            raise RunError(
+                f"lost contact with another rank ({reason}); that rank's own message says why"
+            ) from None
         finally:
             if self.distributed:
                 dist.destroy_process_group()
@@ -52,11 +59,14 @@ class RankedRun(Run):
         model = next(obj for obj in self.state.values() if isinstance(obj, torch.nn.Module))
         checksums = self._gather(sum(p.detach().double().sum().item() for p in model.parameters()))
         if self.is_main and self.distributed:
-            print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}", flush=True)
+            print(
+                f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}",
+                flush=True,
+            )
 
     def stop_if_asked(self) -> None:
-        """Stopped if any rank was asked to stop: every rank calls it at the same points, so every rank stops there and
-        none waits in a collective for one that left."""
+        """Stopped if any rank was asked to stop: every rank calls it at the same points, so every
+        rank stops there and none waits in a collective for one that left."""
         signum = torch.tensor([stops.request.signum or 0], device=self._collective_device())
         if self.distributed:
             dist.all_reduce(signum, op=dist.ReduceOp.MAX)
@@ -64,7 +74,8 @@ class RankedRun(Run):
             raise Stopped(int(signum.item()))
 
     def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The mean of `tensor` over all ranks: what every rank must decide alike (the target_kl early stop)."""
+        """The mean of `tensor` over all ranks: what every rank must decide alike (the target_kl
+        early stop)."""
         if not self.distributed:
             return tensor
         total = tensor.detach().clone()
@@ -78,7 +89,8 @@ class RankedRun(Run):
         return self.args.num_workers if self.args.num_workers is not None else self.cores
 
     def _interrupt(self) -> Any:
-        return None if self.distributed else stops.request  # ranks stop together, at stop_if_asked: not mid-step
+        # ranks stop together, at stop_if_asked: not mid-step
+        return None if self.distributed else stops.request
 
     def _gather(self, obj: Any) -> list:
         """Every rank's `obj`, on rank 0 (which alone logs and saves); [] on the others."""
@@ -98,10 +110,12 @@ class RankedRun(Run):
 
     @staticmethod
     def lost_rank(exc: BaseException) -> bool:
-        """True for the error a collective raises when another rank is gone (gloo and NCCL say so in their words)."""
+        """True for the error a collective raises when another rank is gone (gloo and NCCL say so in
+        their words)."""
         if not (dist.is_available() and dist.is_initialized()):
             return False
         text = str(exc).lower()
         return isinstance(exc, dist.DistError) or any(
-            s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
+            s in text
+            for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
         )

@@ -1,7 +1,7 @@
-"""What a run leaves in runs/<env>__<exp_name>__<seed>__<time>/: args.json (the flags, the script's defaults, what its
-command line gave, each resume), .lock (held by the one process writing it), TensorBoard's events and the progress
-line (Progress), summary.json (how it ended) and checkpoint.pt (the state at an iteration boundary); and what a run
-is: its flags."""
+"""What a run leaves in runs/<env>__<exp_name>__<seed>__<time>/: args.json (the flags, the script's
+defaults, what its command line gave, each resume), .lock (held by the one process writing it),
+TensorBoard's events and the progress line (Progress), summary.json (how it ended) and checkpoint.pt
+(the state at an iteration boundary); and what a run is: its flags."""
 
 from __future__ import annotations
 
@@ -22,12 +22,31 @@ import torch
 from .errors import FlagError, RunError
 
 LOCK = ".lock"
-END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # a launcher's pid: the run stops (and saves) when that process dies
+# a launcher's pid: the run stops (and saves) when that process dies
+END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"
 
-# Flags that change nothing a run learns: a resume may give other values, and a sweep reuses a run made with others
-TOLERATED = frozenset({"checkpoint_interval", "num_workers", "step_timeout", "max_restarts", "num_threads", "cuda",
-                       "backend", "device_ids", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                       "save_model", "eval_episodes", "eval_checkpoint", "resume"})  # fmt: skip
+# Flags that change nothing a run learns: a resume may give other values, and a sweep reuses a run
+# made with others
+TOLERATED = frozenset(
+    {
+        "checkpoint_interval",
+        "num_workers",
+        "step_timeout",
+        "max_restarts",
+        "num_threads",
+        "cuda",
+        "backend",
+        "device_ids",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+        "capture_video",
+        "save_model",
+        "eval_episodes",
+        "eval_checkpoint",
+        "resume",
+    }
+)
 SCHEDULED = ("anneal_lr",)  # flags that make a run learn by a schedule over its --total-timesteps
 
 
@@ -37,10 +56,13 @@ def flag(name: str) -> str:
 
 
 def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{field: (its value in flags, in other)} for each flag that changes results (neither TOLERATED nor
-    total_timesteps) and has another value in `other`."""
-    return {name: (value, other.get(name)) for name, value in flags.items()
-            if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value}  # fmt: skip
+    """{field: (its value in flags, in other)} for each flag that changes results (neither TOLERATED
+    nor total_timesteps) and has another value in `other`."""
+    return {
+        name: (value, other.get(name))
+        for name, value in flags.items()
+        if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value
+    }
 
 
 def scheduled(flags: dict[str, Any]) -> bool:
@@ -48,14 +70,16 @@ def scheduled(flags: dict[str, Any]) -> bool:
 
 
 def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
-    """The fields of args_type whose flags the command line gives (--norm-obs and --no-norm-obs both give norm_obs)."""
+    """The fields of args_type whose flags the command line gives (--norm-obs and --no-norm-obs both
+    give norm_obs)."""
     spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
     spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
     words = (word.split("=", 1)[0] for word in (sys.argv[1:] if argv is None else argv))
     return {spelled[word] for word in words if word in spelled}
 
 
-# ------------------------------------------------------------------------------------------------- the folder
+# -------------------------------------------------------------------------------------------------
+# the folder
 def writer(run_dir: Path) -> int | None:
     """The pid of the live process that writes run_dir (it holds its .lock), or None."""
     try:
@@ -67,7 +91,8 @@ def writer(run_dir: Path) -> int | None:
         return None
     except BlockingIOError:
         pid = os.read(fd, 32).split()[:1]
-        return int(pid[0]) if pid and pid[0].isdigit() else -1  # -1: held, by a process that wrote no pid
+        # -1: held, by a process that wrote no pid
+        return int(pid[0]) if pid and pid[0].isdigit() else -1
     finally:
         os.close(fd)
 
@@ -76,23 +101,30 @@ _held: list[int] = []  # the locks this process holds: released by the kernel ho
 
 
 def hold(run_dir: Path) -> None:
-    """Makes this process the one writer of run_dir; FlagError naming the process that holds it already."""
+    """Makes this process the one writer of run_dir; FlagError naming the process that holds it
+    already."""
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise FlagError(f"{run_dir} is being written by process {writer(run_dir)}: a run has one writer at a time; "
-                        "wait for it to end, or stop it") from None  # fmt: skip
+        raise FlagError(
+            f"{run_dir} is being written by process {writer(run_dir)}: a run has one writer at a time; "
+            "wait for it to end, or stop it"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _held.append(fd)
 
 
-def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None = None, world_size: int = 1) -> Path:
-    """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken) with its args.json;
-    RunError in one line if it cannot be made here."""
-    base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+def make_run_dir(
+    args: Any, root: str = "runs", steps_per_iteration: int | None = None, world_size: int = 1
+) -> Path:
+    """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken) with
+    its args.json; RunError in one line if it cannot be made here."""
+    base = (
+        f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    )
     try:
         Path(root).mkdir(exist_ok=True)
         for k in range(1, 1_000_000):
@@ -106,36 +138,60 @@ def make_run_dir(args: Any, root: str = "runs", steps_per_iteration: int | None 
             return path
     except OSError as exc:  # read-only, full, or `runs` is a file
         why = "a file of that name is in the way" if os.path.isfile(root) else exc.strerror
-        raise RunError(f"cannot make the run folder in {os.path.abspath(root)} ({why}); run from a folder you can "
-                       "write to") from None  # fmt: skip
+        raise RunError(
+            f"cannot make the run folder in {os.path.abspath(root)} ({why}); run from a folder you can "
+            "write to"
+        ) from None
     raise RunError(f"no free run folder name under {root}/{base}")
 
 
-def write_args(run_dir: Path, args: Any, resumed: dict | None = None, steps_per_iteration: int | None = None,
-               world_size: int = 1) -> None:  # fmt: skip
-    """args.json: the flags the run is trained with, the script's defaults and the fields its first command line
-    gave (together, what it was asked for: its identity to a sweep), its ranks and the steps of one iteration of them
-    all, and each resume: when, from which iteration and step, and which flags it changed."""
+def write_args(
+    run_dir: Path,
+    args: Any,
+    resumed: dict | None = None,
+    steps_per_iteration: int | None = None,
+    world_size: int = 1,
+) -> None:
+    """args.json: the flags the run is trained with, the script's defaults and the fields its first
+    command line gave (together, what it was asked for: its identity to a sweep), its ranks and the
+    steps of one iteration of them all, and each resume: when, from which iteration and step, and
+    which flags it changed."""
     path = run_dir / "args.json"
     flags = dataclasses.asdict(args)
-    record = {"script": Path(sys.argv[0]).name, **flags, "defaults": dataclasses.asdict(type(args)()),
-              "given": sorted(given_fields(type(args))), "world_size": world_size,
-              "steps_per_iteration": steps_per_iteration, "resumes": []}  # fmt: skip
+    record = {
+        "script": Path(sys.argv[0]).name,
+        **flags,
+        "defaults": dataclasses.asdict(type(args)()),
+        "given": sorted(given_fields(type(args))),
+        "world_size": world_size,
+        "steps_per_iteration": steps_per_iteration,
+        "resumes": [],
+    }
     if resumed is not None:
         earlier = read_json(path) or {}
         earlier = earlier if isinstance(earlier, dict) else {}
         record["given"] = earlier.get("given", record["given"])  # what the run was started with
-        changed = {name: [earlier.get(name), value] for name, value in flags.items()
-                   if name != "resume" and name in earlier and earlier[name] != value}  # fmt: skip
-        record["resumes"] = [*earlier.get("resumes", []), {
-            "at": time.strftime("%Y-%m-%d %H:%M:%S"), "from_iteration": resumed["iteration"],
-            "from_step": resumed["global_step"], "changed": changed}]  # fmt: skip
+        changed = {
+            name: [earlier.get(name), value]
+            for name, value in flags.items()
+            if name != "resume" and name in earlier and earlier[name] != value
+        }
+        record["resumes"] = [
+            *earlier.get("resumes", []),
+            {
+                "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "from_iteration": resumed["iteration"],
+                "from_step": resumed["global_step"],
+                "changed": changed,
+            },
+        ]
     write_json(path, record)
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Writes data so that a reader sees the old file or the new one, never a part: a temp file beside it, flushed to
-    disk, renamed over it. On failure the temp file is removed and path is as it was (OSError raised)."""
+    """Writes data so that a reader sees the old file or the new one, never a part: a temp file
+    beside it, flushed to disk, renamed over it. On failure the temp file is removed and path is as
+    it was (OSError raised)."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -157,7 +213,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's contents if they are an object, else None (missing, unreadable, or another kind of value)."""
+    """A JSON file's contents if they are an object, else None (missing, unreadable, or another kind
+    of value)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -165,20 +222,29 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
+# ----------------------------------------------------------------------------------------------
+# checkpoints
 def save_checkpoint(path: Path | str, state: dict) -> None:
-    """Writes state atomically (write_atomically); RunError in one line if it cannot (a full disk, something that does
-    not pickle, NaN/Inf in a tensor), the previous file then unchanged."""
+    """Writes state atomically (write_atomically); RunError in one line if it cannot (a full disk,
+    something that does not pickle, NaN/Inf in a tensor), the previous file then unchanged."""
     path = Path(path)
     if not all(torch.isfinite(t).all() for t in _tensors(state) if t.is_floating_point()):
-        raise RunError(f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)")
+        raise RunError(
+            f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)"
+        )
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
         write_atomically(path, buffer.getbuffer())
     except OSError as exc:
-        reason = "no space left on device" if exc.errno == errno.ENOSPC else f"{type(exc).__name__}: {exc.strerror}"
-        raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
+        reason = (
+            "no space left on device"
+            if exc.errno == errno.ENOSPC
+            else f"{type(exc).__name__}: {exc.strerror}"
+        )
+        raise RunError(
+            f"could not write {path} ({reason}); the previous file, if any, is unchanged"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - something in the state does not pickle
         raise RunError(f"could not write {path} ({exc}); the previous file, if any, is unchanged") from None
 
@@ -192,8 +258,8 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
-    """A checkpoint that `script` wrote, read with weights_only=True (loading never runs code); FlagError naming the
-    flag for a missing, unreadable, foreign or damaged file."""
+    """A checkpoint that `script` wrote, read with weights_only=True (loading never runs code);
+    FlagError naming the flag for a missing, unreadable, foreign or damaged file."""
     if not os.path.isfile(path):
         raise FlagError(f"{flag_name} {path}: no such file")
     with open(path, "rb") as f:
@@ -202,21 +268,36 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated, corrupted or foreign files all get the same clear error
-        reason = ("it holds objects no checkpoint of this project holds, and they were not loaded: only resume what "
-                  "you wrote" if "Weights only load failed" in str(exc) else "it is cut short or damaged")  # fmt: skip
+        reason = (
+            "it holds objects no checkpoint of this project holds, and they were not loaded: only "
+            "resume what "
+            "you wrote"
+            if "Weights only load failed" in str(exc)
+            else "it is cut short or damaged"
+        )
         raise FlagError(f"{flag_name} {path}: not a readable checkpoint ({reason})") from None
     written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if written_by != script:
-        what = f"was written by {written_by}" if isinstance(written_by, str) else "is not a checkpoint of this project"
+        what = (
+            f"was written by {written_by}"
+            if isinstance(written_by, str)
+            else "is not a checkpoint of this project"
+        )
         raise FlagError(f"{flag_name} {path} {what}; {script} reads only its own checkpoints")
     missing = [name for name in ("args", "model") if name not in checkpoint]
     if missing:
-        raise FlagError(f"{flag_name} {path} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} "
-                        "(an older version, or a file edited since)")  # fmt: skip
-    wrong = [name for name, ok in FIELDS.items() if name in checkpoint and not ok(checkpoint[name], checkpoint)]
+        raise FlagError(
+            f"{flag_name} {path} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} "
+            "(an older version, or a file edited since)"
+        )
+    wrong = [
+        name for name, ok in FIELDS.items() if name in checkpoint and not ok(checkpoint[name], checkpoint)
+    ]
     if wrong:
-        raise FlagError(f"{flag_name} {path} holds a {' and a '.join(wrong)} no run of {script} writes: a file edited "
-                        "since, or damaged")  # fmt: skip
+        raise FlagError(
+            f"{flag_name} {path} holds a {' and a '.join(wrong)} no run of {script} writes: a file edited "
+            "since, or damaged"
+        )
     return checkpoint
 
 
@@ -250,40 +331,61 @@ FIELDS["env_states"] = _each_rank(lambda s: s is None or isinstance(s, bytes))
 
 
 def load_state(obj: Any, state: Any, flag_name: str, path: str) -> None:
-    """obj.load_state_dict(state), a mismatch as one FlagError naming the flag (for a model, the first tensor that
-    differs and both shapes: a checkpoint of another env, or of other sizes)."""
+    """obj.load_state_dict(state), a mismatch as one FlagError naming the flag (for a model, the
+    first tensor that differs and both shapes: a checkpoint of another env, or of other sizes)."""
     if isinstance(obj, torch.nn.Module) and isinstance(state, dict):
         own = obj.state_dict()
         for name in [*own, *state]:
             if name not in own or name not in state:
                 where = "this run's model has" if name in own else "the checkpoint has"
-                raise FlagError(f"{flag_name} {path} does not fit this run's model: {where} {name}, the other not")
+                raise FlagError(
+                    f"{flag_name} {path} does not fit this run's model: {where} {name}, the other not"
+                )
             if tuple(own[name].shape) != tuple(state[name].shape):
-                raise FlagError(f"{flag_name} {path} does not fit this run's model: {name} has shape "
-                                f"{tuple(state[name].shape)} there, {tuple(own[name].shape)} here (another env, or "
-                                "other sizes?)")  # fmt: skip
+                raise FlagError(
+                    f"{flag_name} {path} does not fit this run's model: {name} has shape "
+                    f"{tuple(state[name].shape)} there, {tuple(own[name].shape)} here (another env, or "
+                    "other sizes?)"
+                )
     try:
         obj.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise FlagError(f"{flag_name} {path} does not fit this run's {type(obj).__name__} ({one_line(exc)})") from None
+        raise FlagError(
+            f"{flag_name} {path} does not fit this run's {type(obj).__name__} ({one_line(exc)})"
+        ) from None
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (its type's name if it has none), at most `limit` characters."""
+    """The first line of an exception's message (its type's name if it has none), at most `limit`
+    characters."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
-# ---------------------------------------------------------------------------------- what a run says as it runs
+# ---------------------------------------------------------------------------------- what a run says
+# as it runs
 class Progress:
-    """SPS, the progress line (at most every `every` seconds, and at the last step), and the figures of a summary,
-    over every segment of a resumed run (`earlier`: its summary.json)."""
+    """SPS, the progress line (at most every `every` seconds, and at the last step), and the figures
+    of a summary, over every segment of a resumed run (`earlier`: its summary.json)."""
 
-    def __init__(self, last_step: int, first_step: int = 0, speaks: bool = True, recent: list | None = None,
-                 earlier: dict | None = None, every: float = 2.0):  # fmt: skip
-        self.last_step, self.first_step, self.global_step, self.speaks = last_step, first_step, first_step, speaks
+    def __init__(
+        self,
+        last_step: int,
+        first_step: int = 0,
+        speaks: bool = True,
+        recent: list | None = None,
+        earlier: dict | None = None,
+        every: float = 2.0,
+    ):
+        self.last_step, self.first_step, self.global_step, self.speaks = (
+            last_step,
+            first_step,
+            first_step,
+            speaks,
+        )
         self.recent_returns = collections.deque(recent or [], maxlen=20)
         self.start = self.last_print = time.time()
-        earlier = {k: v for k, v in (earlier or {}).items() if type(v) in (int, float)}  # a summary edited by hand
+        # a summary edited by hand
+        earlier = {k: v for k, v in (earlier or {}).items() if type(v) in (int, float)}
         self.every, self.earlier_seconds = every, earlier.get("seconds", 0.0)
         self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
         self.logged = False
@@ -298,13 +400,17 @@ class Progress:
         sps, mean = self.sps(global_step), self.mean_return()
         split = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items())
         eta = hms((self.last_step - global_step) / max(sps, 1))
-        return (f"global_step={global_step}/{self.last_step} SPS={sps} episodic_return="
-                f"{'n/a' if mean is None else f'{mean:.1f}'} (last {len(self.recent_returns)}) elapsed="
-                f"{hms(time.time() - self.start)} ETA={eta} [{split}]")  # fmt: skip
+        return (
+            f"global_step={global_step}/{self.last_step} SPS={sps} episodic_return="
+            f"{'n/a' if mean is None else f'{mean:.1f}'} (last {len(self.recent_returns)}) elapsed="
+            f"{hms(time.time() - self.start)} ETA={eta} [{split}]"
+        )
 
-    def log(self, writer: Any, global_step: int, episodes: list, restarts: int, timings: dict[str, float]) -> None:
-        """charts/episodic_return and charts/episodic_length of each episode, charts/SPS, perf/{part}_seconds,
-        charts/worker_restarts; the progress line."""
+    def log(
+        self, writer: Any, global_step: int, episodes: list, restarts: int, timings: dict[str, float]
+    ) -> None:
+        """charts/episodic_return and charts/episodic_length of each episode, charts/SPS,
+        perf/{part}_seconds, charts/worker_restarts; the progress line."""
         self.global_step = global_step
         for step, episodic_return, episodic_length in episodes:
             self.recent_returns.append(float(episodic_return))
@@ -315,17 +421,25 @@ class Progress:
             writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
         first, self.logged = not self.logged, True  # the first iteration's line says the run trains
-        if self.speaks and (first or time.time() - self.last_print >= self.every or global_step >= self.last_step):
+        if self.speaks and (
+            first or time.time() - self.last_print >= self.every or global_step >= self.last_step
+        ):
             self.last_print = time.time()
             print(self.line(global_step, timings), flush=True)
 
     def figures(self) -> dict[str, Any]:
         seconds = self.earlier_seconds + time.time() - self.start
-        done = self.global_step - (0 if self.earlier_seconds else self.first_step)  # the steps of the time counted
-        return {"global_step": self.global_step, "last_step": self.last_step, "seconds": round(seconds, 1),
-                "sps": int(done / max(seconds, 1e-9)), "segments": self.segments,
-                "episodic_return_last_20": self.mean_return(),
-                "episodes_in_that_mean": len(self.recent_returns)}  # fmt: skip
+        # the steps of the time counted
+        done = self.global_step - (0 if self.earlier_seconds else self.first_step)
+        return {
+            "global_step": self.global_step,
+            "last_step": self.last_step,
+            "seconds": round(seconds, 1),
+            "sps": int(done / max(seconds, 1e-9)),
+            "segments": self.segments,
+            "episodic_return_last_20": self.mean_return(),
+            "episodes_in_that_mean": len(self.recent_returns),
+        }
 
 
 def hms(seconds: float) -> str:
@@ -344,16 +458,25 @@ class NoWriter:
 
 
 def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
-    """TensorBoard's writer with the hyperparameters (mirrored to wandb with --track); a resumed run's curves go on from
-    `first_step`, without what its stopped part logged after its checkpoint."""
+    """TensorBoard's writer with the hyperparameters (mirrored to wandb with --track); a resumed
+    run's curves go on from `first_step`, without what its stopped part logged after its
+    checkpoint."""
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=run_dir.name, monitor_gym=True, save_code=True)  # fmt: skip
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=run_dir.name,
+            monitor_gym=True,
+            save_code=True,
+        )
     from torch.utils.tensorboard import SummaryWriter
 
-    # max_queue: with the default of 10 pending events, add_scalar waits for the writer thread whenever it fills
+    # max_queue: with the default of 10 pending events, add_scalar waits for the writer thread
+    # whenever it fills
     writer = SummaryWriter(str(run_dir), max_queue=1000, purge_step=first_step + 1 if args.resume else None)
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")

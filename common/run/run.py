@@ -1,7 +1,8 @@
-"""A run of a training script as its `main` sees it: one object that owns the flags, the env probed once, the run
-folder and writer, the envs, the state at each iteration boundary and the checkpoints written from it, the stop's safe
-points, and the one place a run ends. Run.cli exits 0 done; 1 a failure (one line; a bug keeps its traceback); 2 a bad
-flag or file, before anything started; 128 + signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
+"""A run of a training script as its `main` sees it: one object that owns the flags, the env probed
+once, the run folder and writer, the envs, the state at each iteration boundary and the checkpoints
+written from it, the stop's safe points, and the one place a run ends. Run.cli exits 0 done; 1 a
+failure (one line; a bug keeps its traceback); 2 a bad flag or file, before anything started; 128 +
+signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from . import flags, records, stops
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped
 
-_closing_lines: list[tuple[str, bool]] = []  # the closing line a run composed, and whether it goes to stderr
+# the closing line a run composed, and whether it goes to stderr
+_closing_lines: list[tuple[str, bool]] = []
 
 
 class Run:
-    """A new run, the one --resume names, or the checkpoint --eval-checkpoint evaluates. `args`: the flags it runs
-    with; `dir`: its folder (None before `start`, and on ranks other than 0)."""
+    """A new run, the one --resume names, or the checkpoint --eval-checkpoint evaluates. `args`: the
+    flags it runs with; `dir`: its folder (None before `start`, and on ranks other than 0)."""
 
     def __init__(self, args: Any, rank: int = 0, world_size: int = 1, local_world_size: int = 1):
         self.script = Path(sys.modules[type(args).__module__].__file__).name
@@ -47,61 +49,85 @@ class Run:
         self.state: dict[str, Any] = {}  # what a checkpoint holds
         self.num_iterations = self.steps = 0
         self.start_iteration = 1
-        self.last: dict | None = None  # the state at the last iteration boundary: what any save writes
+        # the state at the last iteration boundary: what any save writes
+        self.last: dict | None = None
         self.written: dict | None = None  # the state checkpoint.pt holds
-        self.on_disk: int | None = None  # the iteration of checkpoint.pt, as this run wrote or read it
+        # the iteration of checkpoint.pt, as this run wrote or read it
+        self.on_disk: int | None = None
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume continues with the run's own (the command
-        line may change those that change nothing learned, and --total-timesteps); --eval-checkpoint evaluates with
-        them (the command line's for those that change nothing learned)."""
+        """The flags to run with, and the checkpoint they come from: --resume continues with the
+        run's own (the command line may change those that change nothing learned, and
+        --total-timesteps); --eval-checkpoint evaluates with them (the command line's for those that
+        change nothing learned)."""
         if args.resume is not None and args.eval_checkpoint is not None:
             raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
         path = args.resume or args.eval_checkpoint
         if path is None:
             return args, None
-        checkpoint = records.load_checkpoint(path, "--resume" if args.resume else "--eval-checkpoint", self.script)
+        checkpoint = records.load_checkpoint(
+            path, "--resume" if args.resume else "--eval-checkpoint", self.script
+        )
         fields = [f.name for f in dataclasses.fields(args)]
-        saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in fields})  # flags gone since dropped
+        # flags gone since dropped
+        saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in fields})
         given = {name: getattr(args, name) for name in fields if name in records.given_fields(type(args))}
         if args.eval_checkpoint is not None:
             if "env_id" in given and args.env_id != saved.env_id:
-                raise FlagError(f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id "
-                                f"{args.env_id}: drop --env-id (it is evaluated on {saved.env_id})")  # fmt: skip
+                raise FlagError(
+                    f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id "
+                    f"{args.env_id}: drop --env-id (it is evaluated on {saved.env_id})"
+                )
             if args.eval_episodes < 1:
-                raise FlagError(f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}")
+                raise FlagError(
+                    f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}"
+                )
             tolerated = {name: getattr(args, name) for name in records.TOLERATED & {*fields}}
             return dataclasses.replace(saved, **tolerated), checkpoint
         kept = records.differing(given, dataclasses.asdict(saved))
         if kept:
-            listed = ", ".join(f"{records.flag(name)} {before} (not {after})" for name, (after, before) in kept.items())
-            raise FlagError(f"--resume {path} continues a run trained with {listed}: a run's results come from one set "
-                            "of flags; drop those flags, or start a new run")  # fmt: skip
+            listed = ", ".join(
+                f"{records.flag(name)} {before} (not {after})" for name, (after, before) in kept.items()
+            )
+            raise FlagError(
+                f"--resume {path} continues a run trained with {listed}: a run's results come from one set "
+                "of flags; drop those flags, or start a new run"
+            )
         return dataclasses.replace(saved, **given | {"resume": path}), checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
-        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and times it, if it is one of
-        gymnasium's own): its observation and action spaces. The answer also decides where the envs step. No env code
-        runs here; FlagError naming --env-id if it cannot be built."""
+        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and times
+        it, if it is one of gymnasium's own): its observation and action spaces. The answer also
+        decides where the envs step. No env code runs here; FlagError naming --env-id if it cannot
+        be built."""
         self.make_env = make_env
         env_fn = make_env(dataclasses.replace(self.args, capture_video=False), 0, None)
         self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0)
         return self.probed["spaces"]
 
     @contextlib.contextmanager
-    def start(self, device: torch.device, num_iterations: int, steps_per_iteration: int, **state: Any) -> Iterator[Any]:
-        """The run, from its folder to its closing line, around the block; yields the TensorBoard writer.
+    def start(
+        self, device: torch.device, num_iterations: int, steps_per_iteration: int, **state: Any
+    ) -> Iterator[Any]:
+        """The run, from its folder to its closing line, around the block; yields the TensorBoard
+        writer.
 
-        `state` is what a checkpoint holds and a resume puts back: objects with state_dict() and load_state_dict()
-        (model, optimizer, normalizers: rank 0's) and numpy or torch random generators (every rank's). Whatever else
-        the loop must carry over a stop (a buffer, another generator) goes here too; torch's own generators (dropout,
-        torch.randn) are kept without asking. A stop, an env failure or a lost rank saves the state of the last
-        iteration boundary; then summary.json and the closing line."""
+        `state` is what a checkpoint holds and a resume puts back: objects with state_dict() and
+        load_state_dict() (model, optimizer, normalizers: rank 0's) and numpy or torch random
+        generators (every rank's). Whatever else the loop must carry over a stop (a buffer, another
+        generator) goes here too; torch's own generators (dropout, torch.randn) are kept without
+        asking. A stop, an env failure or a lost rank saves the state of the last iteration
+        boundary; then summary.json and the closing line."""
         state["torch_rng"] = torch.default_generator
         if device.type == "cuda":
             torch.cuda.init()  # (default_generators is empty until then)
             state["torch_cuda_rng"] = torch.cuda.default_generators[torch.cuda.current_device()]
-        self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps_per_iteration, state
+        self.device, self.num_iterations, self.steps, self.state = (
+            device,
+            num_iterations,
+            steps_per_iteration,
+            state,
+        )
         for name, obj in state.items():
             if not (hasattr(obj, "state_dict") or _per_rank(obj)):
                 raise TypeError(f"run.start(): {name} has no state_dict() and is no random generator")
@@ -109,12 +135,18 @@ class Run:
         if self.is_main and self.args.resume is None:
             self.dir = records.make_run_dir(self.args, "runs", steps_per_iteration, self.world_size)
         first = (self.start_iteration - 1) * steps_per_iteration
-        self.progress = records.Progress(num_iterations * steps_per_iteration, first, self.is_main,
-                                 (self.checkpoint or {}).get("recent_returns", []), earlier)  # fmt: skip
+        self.progress = records.Progress(
+            num_iterations * steps_per_iteration,
+            first,
+            self.is_main,
+            (self.checkpoint or {}).get("recent_returns", []),
+            earlier,
+        )
         self.writer = records.open_writer(self.dir, self.args, first) if self.is_main else records.NoWriter()
         status = "failed"
         try:
-            with contextlib.ExitStack() as self._resources:  # the envs, closed as the run ends, however it ends
+            # the envs, closed as the run ends, however it ends
+            with contextlib.ExitStack() as self._resources:
                 try:
                     yield self.writer
                     status = "done"
@@ -125,8 +157,11 @@ class Run:
                 except Exception as exc:
                     if not isinstance(exc, (WorkerError, TimeoutError)) and not self.lost_rank(exc):
                         raise  # a bug, or the script's own RunError (NaN weights): nothing to save
-                    stopped = stops.request.wait(1.0)  # a scheduler signals every process: an env may die first
-                    status = f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
+                    # a scheduler signals every process: an env may die first
+                    stopped = stops.request.wait(1.0)
+                    status = (
+                        f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
+                    )
                     self._save_on_the_way_out()
                     if stopped:
                         raise Stopped(stops.request.signum) from None
@@ -137,23 +172,37 @@ class Run:
                 self._close(status)
 
     def _resume(self) -> dict:
-        """Puts the checkpoint's state into `state` and holds the run's folder; returns its summary so far. FlagError
-        unless the checkpoint holds all of it and was written with as many ranks; Finished if nothing is left to do."""
+        """Puts the checkpoint's state into `state` and holds the run's folder; returns its summary
+        so far. FlagError unless the checkpoint holds all of it and was written with as many ranks;
+        Finished if nothing is left to do."""
         checkpoint, path = self.checkpoint, self.args.resume
-        missing = [name for name in ("iteration", *self.state) if name not in checkpoint and name not in IMPLICIT]
+        missing = [
+            name for name in ("iteration", *self.state) if name not in checkpoint and name not in IMPLICIT
+        ]
         if missing:
-            raise FlagError(f"--resume {path} holds no {' and no '.join(missing)}: not a whole checkpoint of "
-                            f"{self.script} (an older version, or a file edited since)")  # fmt: skip
+            raise FlagError(
+                f"--resume {path} holds no {' and no '.join(missing)}: not a whole checkpoint of "
+                f"{self.script} (an older version, or a file edited since)"
+            )
         if checkpoint.get("world_size", 1) != self.world_size:
-            raise FlagError(f"--resume {path} was written with {checkpoint['world_size']} ranks; resume it with "
-                            f"{checkpoint['world_size']}, not {self.world_size}")  # fmt: skip
+            raise FlagError(
+                f"--resume {path} was written with {checkpoint['world_size']} ranks; resume it with "
+                f"{checkpoint['world_size']}, not {self.world_size}"
+            )
         done, total = checkpoint["iteration"], self.args.total_timesteps
         if done >= self.num_iterations:
-            asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
-            raise Finished(f"--resume {path}: that run finished its {done} iterations already{asked}; nothing to do (a "
-                           "larger --total-timesteps continues it)")  # fmt: skip
+            asked = (
+                f" (--total-timesteps {total} asks for {self.num_iterations})"
+                if done > self.num_iterations
+                else ""
+            )
+            raise Finished(
+                f"--resume {path}: that run finished its {done} iterations already{asked}; nothing to do (a "
+                "larger --total-timesteps continues it)"
+            )
         for name, obj in self.state.items():
-            if name not in checkpoint:  # torch's own generators, from a run on another device (or an older version)
+            # torch's own generators, from a run on another device (or an older version)
+            if name not in checkpoint:
                 continue
             try:
                 if isinstance(obj, np.random.Generator):
@@ -166,70 +215,105 @@ class Run:
                 raise FlagError(f"--resume {path}: its {name} does not fit this run ({exc})") from None
         self.start_iteration, self.on_disk = done + 1, done
         planned = checkpoint["args"].get("total_timesteps", total)
-        if self.is_main and planned // self.steps != self.num_iterations and records.scheduled(vars(self.args)):
-            print(f"{self.script}: --total-timesteps {total} moves the end of --anneal-lr's schedule (made for "
-                  f"{planned} steps): the learning rate goes on from {1.0 - done / self.num_iterations:.2f} x "
-                  f"--learning-rate down to 0 at step {self.num_iterations * self.steps}", flush=True)  # fmt: skip
+        if (
+            self.is_main
+            and planned // self.steps != self.num_iterations
+            and records.scheduled(vars(self.args))
+        ):
+            print(
+                f"{self.script}: --total-timesteps {total} moves the end of --anneal-lr's schedule (made for "
+                f"{planned} steps): the learning rate goes on from {1.0 - done / self.num_iterations:.2f} x "
+                f"--learning-rate down to 0 at step {self.num_iterations * self.steps}",
+                flush=True,
+            )
         if not self.is_main:
             return {}
         self.dir = Path(path).parent
         records.hold(self.dir)
         earlier = records.read_json(self.dir / "summary.json") or {}
         if (self.dir / "args.json").exists() and records.read_json(self.dir / "args.json") is None:
-            print(f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew from the checkpoint",
-                  flush=True)  # fmt: skip
+            print(
+                f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew "
+                "from the checkpoint",
+                flush=True,
+            )
         try:
             records.write_args(self.dir, self.args, checkpoint, self.steps, self.world_size)
         except OSError as exc:
-            raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
+            raise RunError(
+                f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there"
+            ) from None
         return earlier
 
     def make_envs(self, env_fns: list[Callable]) -> tuple[SubprocVecEnv, Any]:
-        """A SubprocVecEnv of env_fns laid out as the probe decided (or --num-workers says), closed as the run ends;
-        and the observations to act on first: the envs as the checkpoint left them, or reset with seeds no earlier
-        part of the run used."""
+        """A SubprocVecEnv of env_fns laid out as the probe decided (or --num-workers says), closed
+        as the run ends; and the observations to act on first: the envs as the checkpoint left them,
+        or reset with seeds no earlier part of the run used."""
         args = self.args
-        envs = SubprocVecEnv(env_fns, num_workers=self._num_workers(), max_restarts=args.max_restarts,
-                             step_timeout=args.step_timeout, interrupt=self._interrupt(),
-                             probe=self.probed)  # fmt: skip
+        envs = SubprocVecEnv(
+            env_fns,
+            num_workers=self._num_workers(),
+            max_restarts=args.max_restarts,
+            step_timeout=args.step_timeout,
+            interrupt=self._interrupt(),
+            probe=self.probed,
+        )
         self.envs = self._resources.enter_context(envs)
         saved = (self.checkpoint or {}).get("env_states") if args.resume is not None else None
         restored = bool(saved) and None not in saved
         first_seed = args.seed + (self.rank + self.world_size * (self.start_iteration - 1)) * len(env_fns)
         next_obs = envs.load_env_states(saved[self.rank]) if restored else envs.reset(seed=first_seed)[0]
-        line = f"{args.env_id}, {envs.placement}, {self.device}" + ("" if restored else self._ranks_note(first_seed))
+        line = f"{args.env_id}, {envs.placement}, {self.device}" + (
+            "" if restored else self._ranks_note(first_seed)
+        )
         if args.resume is not None:
-            line += f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
-            line += "the envs as they were" if restored else "the envs in fresh episodes (they cannot be saved)"
+            line += (
+                f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
+            )
+            line += (
+                "the envs as they were" if restored else "the envs in fresh episodes (they cannot be saved)"
+            )
         if self.is_main:
             print(f"{self.script}: {line}; results in {self.dir}", flush=True)
         return envs, next_obs
 
     def iterations(self) -> Iterator[int]:
-        """The iterations left to do. Before each and after the last, the state at that boundary is kept (a stop saves
-        it) and written where a save is due: every --checkpoint-interval iterations, and at the end (with
-        --save-model, also as <exp-name>.cleanrl_model)."""
+        """The iterations left to do. Before each and after the last, the state at that boundary is
+        kept (a stop saves it) and written where a save is due: every --checkpoint-interval
+        iterations, and at the end (with --save-model, also as <exp-name>.cleanrl_model)."""
         for iteration in range(self.start_iteration, self.num_iterations + 1):
             self._boundary(iteration - 1)
             yield iteration
         self._boundary(self.num_iterations)
 
     def _boundary(self, done: int) -> None:
-        own = {name: obj.bit_generator.state if isinstance(obj, np.random.Generator) else obj.get_state()
-               for name, obj in self.state.items() if _per_rank(obj)}  # fmt: skip
+        own = {
+            name: obj.bit_generator.state if isinstance(obj, np.random.Generator) else obj.get_state()
+            for name, obj in self.state.items()
+            if _per_rank(obj)
+        }
         everyone = self._gather((own, self.envs.save_env_states() if self.envs is not None else None))
         if not self.is_main:
             return
-        self.last = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size,
-                     "iteration": done, "global_step": done * self.steps, "env_states": [e for _, e in everyone],
-                     "recent_returns": list(self.progress.recent_returns)}  # fmt: skip
+        self.last = {
+            "script": self.script,
+            "args": dataclasses.asdict(self.args),
+            "world_size": self.world_size,
+            "iteration": done,
+            "global_step": done * self.steps,
+            "env_states": [e for _, e in everyone],
+            "recent_returns": list(self.progress.recent_returns),
+        }
         for name, obj in self.state.items():
             self.last[name] = [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
         interval = self.args.checkpoint_interval
-        if done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0):
+        if done == self.num_iterations or (
+            done >= self.start_iteration and interval and done % interval == 0
+        ):
             self.save()
         if done == self.num_iterations and self.args.save_model:
-            path = self.dir / f"{self.args.exp_name}.cleanrl_model"  # CleanRL's file: the same state
+            # CleanRL's file: the same state
+            path = self.dir / f"{self.args.exp_name}.cleanrl_model"
             records.save_checkpoint(path, self.last)
             print(f"model saved to {path}", flush=True)
 
@@ -243,39 +327,53 @@ class Run:
         return stops.request.signum is not None
 
     def stop_if_asked(self) -> None:
-        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary's state and ends)."""
+        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary's
+        state and ends)."""
         stops.request.check()
 
     def log(self, global_step: int, episodes: list[tuple], timings: dict[str, float]) -> None:
-        """Logs each finished episode (global step, raw return, length), SPS, where the time went and worker restarts,
-        and prints the progress line; RunError if a weight became NaN/Inf (no such state is saved)."""
+        """Logs each finished episode (global step, raw return, length), SPS, where the time went
+        and worker restarts, and prints the progress line; RunError if a weight became NaN/Inf (no
+        such state is saved)."""
         for name, obj in self.state.items():
             if isinstance(obj, torch.nn.Module) and not all(p.isfinite().all() for p in obj.parameters()):
-                raise RunError(f"iteration {global_step // self.steps} (global_step {global_step}): the weights of "
-                               f"{name} became NaN/Inf; look for NaN/Inf in observations or rewards, or lower "
-                               "--learning-rate")  # fmt: skip
-        self.progress.log(self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings)
+                raise RunError(
+                    f"iteration {global_step // self.steps} (global_step {global_step}): the weights of "
+                    f"{name} became NaN/Inf; look for NaN/Inf in observations or rewards, or lower "
+                    "--learning-rate"
+                )
+        self.progress.log(
+            self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings
+        )
 
     def evaluate(self, act: Callable[[Any], Any], **state: Any) -> list[float]:
-        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on one env, acting with act(obs) on a
-        batch of one; printed, and logged as eval/episodic_return during a run. With --eval-checkpoint, `state` is
-        loaded from it first. The env steps where the probe decided: in a worker, unless it is gymnasium's own."""
+        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on one env, acting
+        with act(obs) on a batch of one; printed, and logged as eval/episodic_return during a run.
+        With --eval-checkpoint, `state` is loaded from it first. The env steps where the probe
+        decided: in a worker, unless it is gymnasium's own."""
         if not self.is_main:
             return []
         missing = [name for name in state if name not in self.checkpoint]
         if missing:
-            raise FlagError(f"--eval-checkpoint {self.args.eval_checkpoint} holds no {' and no '.join(missing)}: it "
-                            f"was saved by another version of {self.script}")  # fmt: skip
+            raise FlagError(
+                f"--eval-checkpoint {self.args.eval_checkpoint} holds no {' and no '.join(missing)}: it "
+                f"was saved by another version of {self.script}"
+            )
         for name, obj in state.items():
             records.load_state(obj, self.checkpoint[name], "--eval-checkpoint", self.args.eval_checkpoint)
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
-        env_fn = self.make_env(args, 0, Path(args.eval_checkpoint or self.dir / "checkpoint.pt").parent / "eval")
+        env_fn = self.make_env(
+            args, 0, Path(args.eval_checkpoint or self.dir / "checkpoint.pt").parent / "eval"
+        )
         returns = []
-        with SubprocVecEnv([env_fn], num_workers=args.num_workers, interrupt=stops.request, probe=self.probed) as envs:
+        with SubprocVecEnv(
+            [env_fn], num_workers=args.num_workers, interrupt=stops.request, probe=self.probed
+        ) as envs:
             obs, _ = envs.reset(seed=args.seed + 10_000)  # seeds training never used
             while len(returns) < args.eval_episodes:
                 obs, _, _, _, infos = envs.step(act(obs))
-                if infos.get("final_info", {}).get("_episode", [False])[0]:  # not when only a life ended (Atari)
+                # not when only a life ended (Atari)
+                if infos.get("final_info", {}).get("_episode", [False])[0]:
                     returns.append(float(infos["final_info"]["episode"]["r"][0]))
         for idx, episodic_return in enumerate(returns if self.writer is not None else []):
             self.writer.add_scalar("eval/episodic_return", episodic_return, idx)
@@ -312,27 +410,39 @@ class Run:
 
     def _summarize(self, status: str) -> dict[str, Any]:
         on_disk = (self.dir / "checkpoint.pt").exists()
-        summary = {"script": self.script, "status": status, **self.progress.figures(),
-                   "checkpoint": str(self.dir / "checkpoint.pt") if on_disk else None,
-                   "checkpoint_iteration": self.on_disk if on_disk else None,
-                   "layout": self.envs.layout if self.envs is not None else None}  # fmt: skip
+        summary = {
+            "script": self.script,
+            "status": status,
+            **self.progress.figures(),
+            "checkpoint": str(self.dir / "checkpoint.pt") if on_disk else None,
+            "checkpoint_iteration": self.on_disk if on_disk else None,
+            "layout": self.envs.layout if self.envs is not None else None,
+        }
         try:
             records.write_json(self.dir / "summary.json", summary)
         except OSError as exc:
-            print(f"{self.script}: cannot write {self.dir / 'summary.json'} ({exc.strerror})", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"{self.script}: cannot write {self.dir / 'summary.json'} ({exc.strerror})",
+                file=sys.stderr,
+                flush=True,
+            )
         return summary
 
     def _close(self, status: str) -> None:
         """summary.json, and the closing line `cli` prints last."""
         summary, mean = self._summarize(status), self.progress.mean_return()
-        line = (f"{self.script}: {status}: {summary['global_step']} of {summary['last_step']} steps in "
-                f"{records.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
-                f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard --logdir "
-                f"{self.dir.parent})")  # fmt: skip
-        if summary["checkpoint"]:  # a run stopped while evaluating its last checkpoint has nothing left to train
+        line = (
+            f"{self.script}: {status}: {summary['global_step']} of {summary['last_step']} steps in "
+            f"{records.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
+            f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard --logdir "
+            f"{self.dir.parent})"
+        )
+        # a run stopped while evaluating its last checkpoint has nothing left to train
+        if summary["checkpoint"]:
             trained = summary["checkpoint_iteration"] == self.num_iterations
-            again = "torchrun <the same torchrun options>" if self.world_size > 1 and not trained else "python"
+            again = (
+                "torchrun <the same torchrun options>" if self.world_size > 1 and not trained else "python"
+            )
             how = "evaluate with" if trained else "continue with"
             flag = "--eval-checkpoint" if trained else "--resume"
             line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
@@ -340,9 +450,10 @@ class Run:
 
     @classmethod
     def cli(cls, main: Callable[[Any], Any], args_type: type, doc: str) -> None:
-        """Parses args_type from the command line (--help opens with the first two paragraphs of `doc`), runs
-        main(args) with SIGINT and SIGTERM as stop requests, and exits with the status its outcome calls for, after
-        the closing line. Under torchrun every failing rank says why, with its rank; rank 0 alone says a stop."""
+        """Parses args_type from the command line (--help opens with the first two paragraphs of
+        `doc`), runs main(args) with SIGINT and SIGTERM as stop requests, and exits with the status
+        its outcome calls for, after the closing line. Under torchrun every failing rank says why,
+        with its rank; rank 0 alone says a stop."""
         import tyro
 
         script = Path(sys.argv[0]).name
@@ -354,7 +465,8 @@ class Run:
                 print(f"{me}: {message}", file=sys.stderr, flush=True)
             for line, to_stderr in _closing_lines:
                 print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
-            stops.request.ignore()  # the run is over: a launcher's forwarded signal must not end the exit itself
+            # the run is over: a launcher's forwarded signal must not end the exit itself
+            stops.request.ignore()
             sys.exit(status)
 
         stops.request.install()
@@ -363,13 +475,15 @@ class Run:
             flags.check_bool_values(args_type, sys.argv[1:])
             try:
                 args = tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2]))
-            except (SystemExit, BrokenPipeError) as exc:  # --help (tyro exits), maybe into `| head`, gone since
+            # --help (tyro exits), maybe into `| head`, gone since
+            except (SystemExit, BrokenPipeError) as exc:
                 try:
                     sys.stdout.flush()
                     gone = isinstance(exc, BrokenPipeError)
                 except BrokenPipeError:
                     gone = True
-                if gone:  # the reader left: what it did not read goes nowhere, and the exit does not complain
+                # the reader left: what it did not read goes nowhere, and the exit does not complain
+                if gone:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise SystemExit(0) if gone else exc from None
             main(args)
@@ -379,7 +493,8 @@ class Run:
         except FlagError as exc:
             close(2, f"error: {exc}")
         except Stopped as exc:
-            if rank == 0 and not _closing_lines:  # stopped before training started: nothing else to say
+            # stopped before training started: nothing else to say
+            if rank == 0 and not _closing_lines:
                 print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
             close(128 + exc.signum)
         except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
@@ -399,7 +514,8 @@ def _per_rank(obj: Any) -> bool:
 
 
 def _copy(state: Any) -> Any:
-    """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of deepcopy's time)."""
+    """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of
+    deepcopy's time)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
     if type(state) in (dict, list, tuple) or isinstance(state, dict):
@@ -410,9 +526,10 @@ def _copy(state: Any) -> Any:
 
 
 def _end_with_launcher() -> None:
-    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this run when its
-    launcher dies (SIGKILL included), so that the run stops through its stop path, and saves, instead of training on
-    alone. A launcher that died while this process was starting is seen by its pid."""
+    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this
+    run when its launcher dies (SIGKILL included), so that the run stops through its stop path, and
+    saves, instead of training on alone. A launcher that died while this process was starting is
+    seen by its pid."""
     launcher = os.environ.pop(records.END_WITH_PARENT, "")  # not passed on to what this run starts
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
     if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):

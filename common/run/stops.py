@@ -1,12 +1,15 @@
-"""Stops: SIGINT and SIGTERM are requests the run honours at safe points, never exceptions thrown into library code.
+"""Stops: SIGINT and SIGTERM are requests the run honours at safe points, never exceptions thrown
+into library code.
 
-A signal handler runs at whatever bytecode the main thread is at, inside any library (TensorBoard's writer queue,
-torch, pickle), and an exception raised there can leave that library's threads waiting forever. So the handler only
-records the request; the loop checks it at safe points (`check`), every wait of the trainer wakes on it (`fileno`), and
-the run ends through its one ending path. A thread sees each signal as it arrives (signal.set_wakeup_fd), even while
-the main thread is stuck in C code. It bounds the stop: past STOP_WITHIN seconds (env code in the trainer that never
-returns) it ends the process, and a second Ctrl-C ends it at once, unless it comes within SAME_STOP seconds of the
-first (a launcher forwarding the terminal's Ctrl-C, as torchrun's does). More SIGTERMs are the same stop.
+A signal handler runs at whatever bytecode the main thread is at, inside any library (TensorBoard's
+writer queue, torch, pickle), and an exception raised there can leave that library's threads waiting
+forever. So the handler only records the request; the loop checks it at safe points (`check`), every
+wait of the trainer wakes on it (`fileno`), and the run ends through its one ending path. A thread
+sees each signal as it arrives (signal.set_wakeup_fd), even while the main thread is stuck in C
+code. It bounds the stop: past STOP_WITHIN seconds (env code in the trainer that never returns) it
+ends the process, and a second Ctrl-C ends it at once, unless it comes within SAME_STOP seconds of
+the first (a launcher forwarding the terminal's Ctrl-C, as torchrun's does). More SIGTERMs are the
+same stop.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from pathlib import Path
 from ..vecenv.process_control import STOP_SIGNALS
 
 STOP_WITHIN = 120.0  # seconds a stop may take, saving included, before the process ends regardless
-SAME_STOP = 1.0  # seconds within which a second SIGINT is the first one forwarded, not a second Ctrl-C
+# seconds within which a second SIGINT is the first one forwarded, not a second Ctrl-C
+SAME_STOP = 1.0
 
 
 class Stopped(KeyboardInterrupt):
@@ -34,19 +38,22 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """This process's stop request: `signum` (None until a stop signal arrives), `check()` at safe points, `fileno()`
-    for waits to wake on. `install()` (main thread) makes SIGINT and SIGTERM requests. With `at_once` set, a stop ends
-    the process at once (a wait in C code no signal interrupts, before there is anything to save)."""
+    """This process's stop request: `signum` (None until a stop signal arrives), `check()` at safe
+    points, `fileno()` for waits to wake on. `install()` (main thread) makes SIGINT and SIGTERM
+    requests. With `at_once` set, a stop ends the process at once (a wait in C code no signal
+    interrupts, before there is anything to save)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.at_once = False
-        self._woken_r, self._woken_w = os.pipe()  # readable once a stop is requested: what waits poll
+        # readable once a stop is requested: what waits poll
+        self._woken_r, self._woken_w = os.pipe()
 
     def install(self) -> None:
         signals_r, signals_w = os.pipe()
         os.set_blocking(signals_w, False)
-        signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)  # the C handler writes each signal's number
+        # the C handler writes each signal's number
+        signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._record)
         threading.Thread(target=self._watch, args=(signals_r,), name="stop-watch", daemon=True).start()
@@ -57,7 +64,8 @@ class StopRequest:
             signal.signal(signum, signal.SIG_IGN)
 
     def _record(self, signum: int, frame: object) -> None:
-        """The handler: notes the request and returns (the thread wakes the waits and bounds the stop)."""
+        """The handler: notes the request and returns (the thread wakes the waits and bounds the
+        stop)."""
         if self.signum is None:
             self.signum = signum
 

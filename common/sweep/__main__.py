@@ -1,5 +1,5 @@
-"""python -m common.sweep (from the folder that holds common/), or python path/to/common/sweep (from anywhere): see
-__init__.py beside this file."""
+"""python -m common.sweep (from the folder that holds common/), or python path/to/common/sweep (from
+anywhere): see __init__.py beside this file."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a folder: the package is imported from beside it, under its own name
+# run as a folder: the package is imported from beside it, under its own name
+if __package__ in (None, ""):
     _here = Path(__file__).resolve().parent
     sys.path.insert(0, str(_here.parent.parent))
     sys.exit(importlib.import_module(f"{_here.parent.name}.sweep.__main__").main())
@@ -23,8 +24,11 @@ from .runs import STOP, Run, run_all, seeds  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=about.split("\n\n")[0],
-                                     epilog="Flags after -- go to every run.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__package__}",
+        description=about.split("\n\n")[0],
+        epilog="Flags after -- go to every run.",
+    )
     parser.add_argument("script", help="the script to run, e.g. ppo_vec.py")
     parser.add_argument("--env-ids", nargs="+", required=True)
     parser.add_argument("--seeds", nargs="+", default=["1"], help="seeds, or ranges: 1 2 3, 1-10")
@@ -32,10 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor", choices=["local", "slurm", "submitit-local"], default="local")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (local), jobs at a time (slurm)")
     parser.add_argument("--partition", help="SLURM partition")
-    parser.add_argument("--timeout-min", type=int, default=24 * 60, help="a job's time limit, minutes (submitit)")
+    parser.add_argument(
+        "--timeout-min", type=int, default=24 * 60, help="a job's time limit, minutes (submitit)"
+    )
     parser.add_argument("--cpus-per-task", type=int, help="SLURM cpus per task")
     parser.add_argument("--gpus", type=int, help="SLURM gpus per node")
-    parser.add_argument("--report", type=Path, help="write report.md and curves for the runs into this folder")
+    parser.add_argument(
+        "--report", type=Path, help="write report.md and curves for the runs into this folder"
+    )
     parser.add_argument("--report-only", action="store_true", help="only the report, from the runs there are")
     args = parser.parse_args(own)
     for name, least in (("jobs", 1), ("timeout_min", 1), ("cpus_per_task", 1), ("gpus", 0)):
@@ -49,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     args.exp_name = args.exp_name or Path(args.script).stem
     args.cwd = str(Path.cwd())
-    runs = [Run(str(Path(args.script).resolve()), env_id, seed, args.exp_name, flags, args.cwd)
-            for env_id in args.env_ids for seed in chosen]  # fmt: skip
+    runs = [
+        Run(str(Path(args.script).resolve()), env_id, seed, args.exp_name, flags, args.cwd)
+        for env_id in args.env_ids
+        for seed in chosen
+    ]
     status = 0
     if not args.report_only:
         STOP.install()
@@ -59,18 +70,28 @@ def main(argv: list[str] | None = None) -> int:
             summary = outcome["summary"] or {}
             mean = summary.get("episodic_return_last_20")
             shown = f"{mean:.1f}" if isinstance(mean, (int, float)) else "n/a"
-            print(f"{outcome['run']}: {outcome['did']}, exit {outcome['exit']}, status {summary.get('status', '?')}, "
-                  f"last-20 return {shown}, {outcome['folder']}", flush=True)  # fmt: skip
+            print(
+                f"{outcome['run']}: {outcome['did']}, exit {outcome['exit']}, status "
+                f"{summary.get('status', '?')}, "
+                f"last-20 return {shown}, {outcome['folder']}",
+                flush=True,
+            )
             status = status or (outcome["exit"] not in (0, None))
             if summary.get("status") != "done":
                 saved = summary.get("checkpoint_iteration")
                 what = f"saved at iteration {saved}" if saved is not None else "nothing saved"
-                unfinished.append(f"{outcome['run']} ({summary['status']}, {what})" if "status" in summary else
-                                  f"{outcome['run']} ({outcome['did']})")  # fmt: skip
+                unfinished.append(
+                    f"{outcome['run']} ({summary['status']}, {what})"
+                    if "status" in summary
+                    else f"{outcome['run']} ({outcome['did']})"
+                )
         print(f"{len(runs)} runs in {time.time() - start:.0f} s", flush=True)
         if unfinished:
-            print(f"unfinished: {', '.join(unfinished)}; the same command resumes what was saved and starts the rest",
-                  flush=True)  # fmt: skip
+            print(
+                f"unfinished: {', '.join(unfinished)}; the same command resumes what was saved and "
+                "starts the rest",
+                flush=True,
+            )
         if STOP.signum is not None:
             print(f"stopped by {signal.Signals(STOP.signum).name}", flush=True)
             return 128 + STOP.signum

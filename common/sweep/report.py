@@ -1,5 +1,5 @@
-"""A sweep's report: per env, the runs that finished with the flags asked, their figures over seeds (mean +- std, IQM
-with a bootstrap interval) and curves; the runs not averaged, named with why."""
+"""A sweep's report: per env, the runs that finished with the flags asked, their figures over seeds
+(mean +- std, IQM with a bootstrap interval) and curves; the runs not averaged, named with why."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from .runs import Run, asked_of, number
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:
-    """The run's folder, and why it cannot be averaged (None if it can): missing, running, unfinished, unreadable."""
+    """The run's folder, and why it cannot be averaged (None if it can): missing, running,
+    unfinished, unreadable."""
     folder, made = run.folder(), run.folders()
     if folder is None:
         return None, f"missing; {run.unlike(made[-1])}" if made else "missing"
@@ -22,7 +23,10 @@ def judge(run: Run) -> tuple[Path | None, str | None]:
     summary = records.read_json(folder / "summary.json") or {}
     step, last = number(summary.get("global_step")), number(summary.get("last_step")) or math.inf
     if summary.get("status") != "done" or step < last:
-        return folder, f"unfinished: {summary.get('status', 'no summary')} at {100 * step / last:.0f}% ({folder.name})"
+        return (
+            folder,
+            f"unfinished: {summary.get('status', 'no summary')} at {100 * step / last:.0f}% ({folder.name})",
+        )
     try:
         logged = max((s for s, _ in read_scalars(folder).get("losses/value_loss", [])), default=0)
     except Exception as exc:  # noqa: BLE001 - a damaged events file, whatever its damage
@@ -60,23 +64,31 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
             + " |"
         )
         rows[env_id] = aggregate([final_return(folder) for folder in averaged[env_id]])
-    lines = [f"Runs of {Path(runs[0].script).name} (--exp-name {runs[0].exp_name}), last-20 raw return of each run; "
-             "mean +- std over seeds, IQM with a 95% percentile bootstrap interval (scipy). Only runs that finished "
-             "with the flags asked are averaged.", ""]  # fmt: skip
+    lines = [
+        f"Runs of {Path(runs[0].script).name} (--exp-name {runs[0].exp_name}), last-20 raw return "
+        "of each run; "
+        "mean +- std over seeds, IQM with a 95% percentile bootstrap interval (scipy). Only runs "
+        "that finished "
+        "with the flags asked are averaged.",
+        "",
+    ]
     head, rule, *body = markdown_table(rows, reference)
     lines += [head + " seeds | steps | flags (the others: the script's defaults) |", rule + "---|---|---|"]
     lines += [row + columns[env_id] for env_id, row in zip(rows, body, strict=True)]
     if notes:
         lines += ["", "Not averaged:", *notes]
     for env_id, folders in averaged.items():
-        png = plot_groups({env_id: folders}, out / f"{env_id.replace('/', '-').replace(':', '-')}.png", env_id)
+        png = plot_groups(
+            {env_id: folders}, out / f"{env_id.replace('/', '-').replace(':', '-')}.png", env_id
+        )
         lines += ["", f"![{env_id}]({png.name})"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return lines
 
 
 def read_scalars(run_dir: Path | str, wall_time: bool = False) -> dict[str, list[tuple]]:
-    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...], or (step, value, wall time)."""
+    """Every scalar TensorBoard logged under `run_dir`: tag -> [(step, value), ...], or (step,
+    value, wall time)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -87,15 +99,19 @@ def read_scalars(run_dir: Path | str, wall_time: bool = False) -> dict[str, list
     }
 
 
-# ------------------------------------------------------------------------------------------- several runs, compared
+# -------------------------------------------------------------------------------------------
+# several runs, compared
 def episodes(run_dir: Path | str) -> tuple[Any, Any, Any]:
-    """A run's episodes as arrays: global step, raw return, and seconds since the run's first logged point."""
+    """A run's episodes as arrays: global step, raw return, and seconds since the run's first logged
+    point."""
     import numpy as np
 
     scalars = read_scalars(run_dir, wall_time=True)
     points = scalars.get("charts/episodic_return", [])
     start = min((p[2] for values in scalars.values() for p in values), default=0.0)
-    steps, returns, wall = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3
+    steps, returns, wall = (
+        (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3
+    )
     return np.asarray(steps), np.asarray(returns), np.asarray(wall) - start
 
 
@@ -108,8 +124,9 @@ def final_return(run_dir: Path | str, last: int = 20) -> float:
 
 
 def aggregate(values: list[float], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
-    """Mean, standard deviation and interquartile mean (IQM: the mean of the middle half) over runs, with a percentile
-    bootstrap confidence interval of the IQM over the runs (scipy.stats.bootstrap, a fixed random generator)."""
+    """Mean, standard deviation and interquartile mean (IQM: the mean of the middle half) over runs,
+    with a percentile bootstrap confidence interval of the IQM over the runs (scipy.stats.bootstrap,
+    a fixed random generator)."""
     import numpy as np
     from scipy import stats
 
@@ -126,14 +143,18 @@ def aggregate(values: list[float], confidence: float = 0.95, resamples: int = 10
             method="percentile",
             rng=np.random.default_rng(0),
         )
-        out["iqm_low"], out["iqm_high"] = float(result.confidence_interval.low), float(result.confidence_interval.high)
+        out["iqm_low"], out["iqm_high"] = (
+            float(result.confidence_interval.low),
+            float(result.confidence_interval.high),
+        )
     else:  # one run, or all alike: nothing to resample
         out["iqm_low"] = out["iqm_high"] = out["iqm"]
     return out
 
 
 def markdown_table(rows: dict[str, dict[str, float]], reference: dict[str, str] | None = None) -> list[str]:
-    """A markdown table of `aggregate` figures, one row per label (and a column of reference figures, if given)."""
+    """A markdown table of `aggregate` figures, one row per label (and a column of reference
+    figures, if given)."""
     head = "| case | runs | mean +- std | IQM [95% CI] |" + (" reference |" if reference else "")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for label, a in rows.items():
@@ -144,8 +165,9 @@ def markdown_table(rows: dict[str, dict[str, float]], reference: dict[str, str] 
 
 
 def curve_band(runs: list[Path | str], x: str = "step", points: int = 100, window: int = 20):
-    """The runs' learning curves on one grid: each run's mean return of its last `window` episodes at each grid point
-    (global step, or wall-clock seconds with x="wall"), then the mean over runs and its 95% bootstrap interval."""
+    """The runs' learning curves on one grid: each run's mean return of its last `window` episodes
+    at each grid point (global step, or wall-clock seconds with x="wall"), then the mean over runs
+    and its 95% bootstrap interval."""
     import numpy as np
     from scipy import stats
 
@@ -163,8 +185,15 @@ def curve_band(runs: list[Path | str], x: str = "step", points: int = 100, windo
     values = np.stack([np.interp(grid, where, smooth) for where, smooth in curves])
     mean = values.mean(0)
     if len(values) > 1:
-        ci = stats.bootstrap((values,), np.mean, axis=0, confidence_level=0.95, n_resamples=2000, method="percentile",
-                             rng=np.random.default_rng(0)).confidence_interval  # fmt: skip
+        ci = stats.bootstrap(
+            (values,),
+            np.mean,
+            axis=0,
+            confidence_level=0.95,
+            n_resamples=2000,
+            method="percentile",
+            rng=np.random.default_rng(0),
+        ).confidence_interval
         low, high = np.where(np.isfinite(ci.low), ci.low, mean), np.where(np.isfinite(ci.high), ci.high, mean)
     else:
         low = high = mean
@@ -172,8 +201,8 @@ def curve_band(runs: list[Path | str], x: str = "step", points: int = 100, windo
 
 
 def plot_groups(groups: dict[str, list[Path | str]], path: Path, title: str) -> Path:
-    """One PNG with two panels, return against global step and against wall-clock time: per group, the mean over its
-    runs and the 95% bootstrap band (curve_band)."""
+    """One PNG with two panels, return against global step and against wall-clock time: per group,
+    the mean over its runs and the 95% bootstrap band (curve_band)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,7 +215,9 @@ def plot_groups(groups: dict[str, list[Path | str]], path: Path, title: str) -> 
             if band is None:
                 continue
             grid, mean, low, high = band
-            (line,) = ax.plot(grid, mean, lw=1.5, label=f"{name}: mean of {len(runs)} runs, 95% bootstrap band")
+            (line,) = ax.plot(
+                grid, mean, lw=1.5, label=f"{name}: mean of {len(runs)} runs, 95% bootstrap band"
+            )
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         ax.set(xlabel=label, ylabel="episodic return (mean of the last 20)", title=title)
         ax.grid(alpha=0.3)

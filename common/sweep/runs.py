@@ -1,5 +1,6 @@
-"""The runs of a sweep: which run an (env id, seed) is (the flags it was asked for), what it does next (start, resume,
-extend, skip), running it held by one sweep at a time, the sweep's stop, and the engines that run the runs."""
+"""The runs of a sweep: which run an (env id, seed) is (the flags it was asked for), what it does
+next (start, resume, extend, skip), running it held by one sweep at a time, the sweep's stop, and
+the engines that run the runs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from ..run.records import flag
 
 @dataclasses.dataclass
 class Run:
-    """One run of a sweep: the script, its env id and seed, the flags every run gets, and the folder it runs from."""
+    """One run of a sweep: the script, its env id and seed, the flags every run gets, and the folder
+    it runs from."""
 
     script: str
     env_id: str
@@ -41,66 +43,88 @@ class Run:
         return f"{self.env_id.replace('/', '-').replace(':', '-')}__{self.exp_name}__{self.seed}"
 
     def folders(self) -> list[Path]:
-        """Every runs/ folder of this (env id, exp name, seed), oldest first: by the time its name gives (the second
-        it was made, then -2, -3, ...: folder.make_run_dir), not by the last write into it."""
+        """Every runs/ folder of this (env id, exp name, seed), oldest first: by the time its name
+        gives (the second it was made, then -2, -3, ...: folder.make_run_dir), not by the last write
+        into it."""
 
         def made(folder: Path) -> tuple[int, int]:
             stamp, _, k = folder.name.rsplit("__", 1)[1].partition("-")
             return (int(stamp), int(k or 1)) if stamp.isdigit() and (k or "1").isdigit() else (0, 0)
 
-        return sorted(Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda folder: (made(folder), folder.name))
+        return sorted(
+            Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda folder: (made(folder), folder.name)
+        )
 
     def asked(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """The flag values this run asks for, as args.json writes them: the script's defaults (those `saved`, an
-        args.json of the same script, records), with the flags given to every run and this run's own."""
+        """The flag values this run asks for, as args.json writes them: the script's defaults (those
+        `saved`, an args.json of the same script, records), with the flags given to every run and
+        this run's own."""
         asked = dict(saved.get("defaults", {}))
         given = [*self.flags, "--env-id", self.env_id, "--seed", str(self.seed), "--exp-name", self.exp_name]
         asked.update(parse_flags(given, asked))
         return asked
 
     def differences(self, folder: Path) -> dict[str, tuple[Any, Any]]:
-        """{field: (value asked, value the run in `folder` was made with)} for the flags that change results, its
-        --total-timesteps included where it keeps that run from becoming the one asked (other_length)."""
+        """{field: (value asked, value the run in `folder` was made with)} for the flags that change
+        results, its --total-timesteps included where it keeps that run from becoming the one asked
+        (other_length)."""
         saved = records.read_json(folder / "args.json") or {}
-        if not {"defaults", "given"} <= saved.keys():  # none, or one written before runs recorded what was asked
+        # none, or one written before runs recorded what was asked
+        if not {"defaults", "given"} <= saved.keys():
             return {"args.json": (None, None)}
         asked = self.asked(saved)
         found = records.differing(asked, asked_of(saved))
-        if saved.get("world_size", 1) != 1:  # torchrun's ranks: other iterations, and a resume needs as many
+        # torchrun's ranks: other iterations, and a resume needs as many
+        if saved.get("world_size", 1) != 1:
             found["ranks"] = (1, saved["world_size"])
         reached = number((records.read_json(folder / "summary.json") or {}).get("global_step"))
-        if (total := asked.get("total_timesteps")) is not None and (why := other_length(total, saved, reached)):
+        if (total := asked.get("total_timesteps")) is not None and (
+            why := other_length(total, saved, reached)
+        ):
             found["total_timesteps"] = (total, why)
         return found
 
     def folder(self) -> Path | None:
-        """The newest runs/ folder of this run made with the flags it asks for, if it was started before."""
+        """The newest runs/ folder of this run made with the flags it asks for, if it was started
+        before."""
         same = [folder for folder in self.folders() if not self.differences(folder)]
         return same[-1] if same else None
 
     def unlike(self, folder: Path) -> str:
-        """Why the run in `folder` is not this one: "<folder> was made with other flags: --gamma 0.99 there, 0.95
-        here", or "<folder> has no args.json telling what it was asked for"."""
+        """Why the run in `folder` is not this one: "<folder> was made with other flags: --gamma
+        0.99 there, 0.95 here", or "<folder> has no args.json telling what it was asked for"."""
         found = self.differences(folder)
         if "args.json" in found:
             return f"{folder.name} has no args.json telling what it was asked for"
-        flags = ", ".join(f"{'torchrun ranks' if name == 'ranks' else flag(name)} {theirs} there, {ours} here"
-                          for name, (ours, theirs) in found.items())  # fmt: skip
+        flags = ", ".join(
+            f"{'torchrun ranks' if name == 'ranks' else flag(name)} {theirs} there, {ours} here"
+            for name, (ours, theirs) in found.items()
+        )
         return f"{folder.name} was made with other flags: {flags}"
 
     def untrained(self, folder: Path | None) -> bool:
-        """True for a folder nobody writes whose start was stopped before it trained (a sweep killed in its first
-        seconds): no checkpoint, and step 0 in summary.json (no summary.json: no events either). The run starts anew
-        without it."""
+        """True for a folder nobody writes whose start was stopped before it trained (a sweep killed
+        in its first seconds): no checkpoint, and step 0 in summary.json (no summary.json: no events
+        either). The run starts anew without it."""
         if folder is None or (folder / "checkpoint.pt").exists() or records.writer(folder) is not None:
             return False
         summary = records.read_json(folder / "summary.json")
         return summary.get("global_step") == 0 if summary else not any(folder.glob("events.*"))
 
     def command(self) -> tuple[list[str], str]:
-        """The command line that runs, resumes or extends it, and what it will do; ([], why) if there is nothing to."""
-        cmd = [sys.executable, self.script, "--env-id", self.env_id, "--seed", str(self.seed), "--exp-name",
-               self.exp_name, *self.flags]  # fmt: skip
+        """The command line that runs, resumes or extends it, and what it will do; ([], why) if
+        there is nothing to."""
+        cmd = [
+            sys.executable,
+            self.script,
+            "--env-id",
+            self.env_id,
+            "--seed",
+            str(self.seed),
+            "--exp-name",
+            self.exp_name,
+            *self.flags,
+        ]
         folder = self.folder()
         if folder is None:
             other = self.folders()
@@ -112,13 +136,17 @@ class Run:
             return cmd, f"start (its earlier start, {folder.name}, trained nothing: removed)"
         if not (folder / "checkpoint.pt").exists():
             return cmd, "start (a new run: its earlier start logged but saved nothing)"
-        summary, saved = records.read_json(folder / "summary.json") or {}, records.read_json(folder / "args.json")
+        summary, saved = (
+            records.read_json(folder / "summary.json") or {},
+            records.read_json(folder / "args.json"),
+        )
         total, trained = self.asked(saved).get("total_timesteps"), number(saved.get("total_timesteps"))
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
             return resume, "resume"
         if total is None or ends_at(total, saved) <= ends_at(trained, saved):
-            return [], "finished before: skipped"  # its iterations are those asked: other_length let no fewer pass
+            # its iterations are those asked: other_length let no fewer pass
+            return [], "finished before: skipped"
         steps = (ends_at(trained, saved), ends_at(total, saved))
         return resume, f"extend (from {steps[0]} to {steps[1]} steps: no schedule spans it)"
 
@@ -129,25 +157,31 @@ def number(value: Any) -> int | float:
 
 
 def ends_at(total: int, saved: dict[str, Any]) -> int:
-    """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps (whole iterations;
-    `total` itself for a record that does not give the size)."""
+    """The step a run of args.json `saved`'s iteration size ends at when asked for `total` steps
+    (whole iterations; `total` itself for a record that does not give the size)."""
     steps = number(saved.get("steps_per_iteration"))
     return total // steps * steps if steps > 0 else total
 
 
 def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
-    """Why the run of args.json `saved`, at step `reached`, is not the run of `total` steps that its other flags make
-    it (None: it is, once resumed to `total`), said as its --total-timesteps: with a SCHEDULED flag on, it was made for
-    another number of iterations, or a resume changed that number; else it is past the steps asked."""
+    """Why the run of args.json `saved`, at step `reached`, is not the run of `total` steps that its
+    other flags make it (None: it is, once resumed to `total`), said as its --total-timesteps: with
+    a SCHEDULED flag on, it was made for another number of iterations, or a resume changed that
+    number; else it is past the steps asked."""
     trained = saved.get("total_timesteps")
     if not isinstance(trained, int):
         return "not recorded"
     if records.scheduled(saved):
-        stretched = [change for resume in saved.get("resumes", []) if isinstance(resume, dict)
-                     and (change := resume.get("changed", {}).get("total_timesteps"))
-                     and ends_at(number(change[0]), saved) != ends_at(number(change[1]), saved)]  # fmt: skip
+        stretched = [
+            change
+            for resume in saved.get("resumes", [])
+            if isinstance(resume, dict)
+            and (change := resume.get("changed", {}).get("total_timesteps"))
+            and ends_at(number(change[0]), saved) != ends_at(number(change[1]), saved)
+        ]
         if stretched:
-            return f"{stretched[0][0]} made {stretched[0][1]} by a resume (--anneal-lr's schedule changed midway)"
+            before, after = stretched[0]
+            return f"{before} made {after} by a resume (--anneal-lr's schedule changed midway)"
         if ends_at(trained, saved) == ends_at(total, saved):
             return None
         return f"{trained} (--anneal-lr: the learning rate falls over all of them)"
@@ -155,14 +189,19 @@ def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
 
 
 def asked_of(saved: dict[str, Any]) -> dict[str, Any]:
-    """What a run was asked for, from its args.json: the script's defaults and the flags its command line gave (a
-    flag's effect, such as norm_obs off for Discrete actions, is not what was asked)."""
-    return {**saved.get("defaults", {}), **{name: saved[name] for name in saved.get("given", []) if name in saved}}
+    """What a run was asked for, from its args.json: the script's defaults and the flags its
+    command line gave (a flag's effect, such as norm_obs off for Discrete actions, is not what
+    was asked)."""
+    return {
+        **saved.get("defaults", {}),
+        **{name: saved[name] for name in saved.get("given", []) if name in saved},
+    }
 
 
 def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:
-    """{field: value} of command-line flags, each value of the type of its default in `like` (an int, a float, a
-    switch: --x or --no-x, a list, None); flags `like` does not have are left to the script to refuse."""
+    """{field: value} of command-line flags, each value of the type of its default in `like` (an
+    int, a float, a switch: --x or --no-x, a list, None); flags `like` does not have are left to the
+    script to refuse."""
     found, k = {}, 0
     while k < len(words):
         word, k = words[k], k + 1
@@ -204,8 +243,8 @@ def _value(values: list[str], default: Any) -> Any:
 
 
 class Stop:
-    """The sweep's stop: SIGINT or SIGTERM, passed on to the runs under way (which save and end), and no new run
-    started after it. The handler records and forwards; it raises nothing."""
+    """The sweep's stop: SIGINT or SIGTERM, passed on to the runs under way (which save and end),
+    and no new run started after it. The handler records and forwards; it raises nothing."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -227,13 +266,16 @@ class Stop:
 
 
 STOP = Stop()
-WAIT = 150.0  # seconds a sweep waits for a run still saving after its sweep was killed (the scripts stop within 120)
+# seconds a sweep waits for a run still saving after its sweep was killed (the scripts stop within
+# 120)
+WAIT = 150.0
 
 
 class RunJob:
-    """Runs one Run to its end, its output in <cwd>/runs/sweep/<run>.log, holding <cwd>/runs/sweep/<run>.lock meanwhile,
-    so that two sweeps never run it twice. Under submitit it is Checkpointable: when SLURM preempts the job or its
-    time runs out, the run is stopped (it saves) and the job requeues itself to resume it."""
+    """Runs one Run to its end, its output in <cwd>/runs/sweep/<run>.log, holding
+    <cwd>/runs/sweep/<run>.lock meanwhile, so that two sweeps never run it twice. Under submitit it
+    is Checkpointable: when SLURM preempts the job or its time runs out, the run is stopped (it
+    saves) and the job requeues itself to resume it."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -249,15 +291,19 @@ class RunJob:
                 fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 held.seek(0)
-                return outcome | {"did": f"run by another sweep (process {held.read().strip()}): skipped",
-                                  "folder": None, "summary": None}  # fmt: skip
+                return outcome | {
+                    "did": f"run by another sweep (process {held.read().strip()}): skipped",
+                    "folder": None,
+                    "summary": None,
+                }
             held.truncate(0)
             held.write(str(os.getpid()))
             held.flush()
             cmd, outcome["did"] = run.command()
             deadline = time.monotonic() + WAIT
             while not cmd and outcome["did"].startswith("running in process") and time.monotonic() < deadline:
-                time.sleep(0.5)  # a run of a sweep killed a moment ago is saving: its end is bounded (STOP_WITHIN)
+                # a run of a sweep killed a moment ago is saving: its end is bounded (STOP_WITHIN)
+                time.sleep(0.5)
                 cmd, outcome["did"] = run.command()
             if cmd and run.untrained(stale := run.folder()):
                 shutil.rmtree(stale)  # the run starts in a folder of its own: one folder per run
@@ -269,7 +315,8 @@ class RunJob:
 
     def _run(self, run: Run, cmd: list[str]) -> int:
         log = Path(run.cwd, "runs", "sweep", f"{run.key}.log")
-        env = dict(os.environ, **{records.END_WITH_PARENT: str(os.getpid())})  # the run stops when the sweep dies
+        # the run stops when the sweep dies
+        env = dict(os.environ, **{records.END_WITH_PARENT: str(os.getpid())})
         with open(log, "a") as out:
             self.proc = subprocess.Popen(cmd, cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
             STOP.started(self.proc)
@@ -279,7 +326,8 @@ class RunJob:
         return code
 
     def checkpoint(self, run: Run) -> Any:
-        """submitit's hook before a requeue: stop the run (it saves), then come back to resume it."""
+        """submitit's hook before a requeue: stop the run (it saves), then come back to resume
+        it."""
         import submitit
 
         if self.proc is not None and self.proc.poll() is None:
@@ -302,8 +350,14 @@ def submitit_executor(args: argparse.Namespace) -> Any:
         executor.update_parameters(timeout_min=args.timeout_min)
         return executor
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
-    params = {"timeout_min": args.timeout_min, "slurm_array_parallelism": args.jobs, "slurm_partition": args.partition,
-              "cpus_per_task": args.cpus_per_task, "gpus_per_node": args.gpus, "name": args.exp_name}  # fmt: skip
+    params = {
+        "timeout_min": args.timeout_min,
+        "slurm_array_parallelism": args.jobs,
+        "slurm_partition": args.partition,
+        "cpus_per_task": args.cpus_per_task,
+        "gpus_per_node": args.gpus,
+        "name": args.exp_name,
+    }
     executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return executor
 

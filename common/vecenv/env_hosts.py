@@ -1,10 +1,12 @@
-"""Where a SubprocVecEnv's envs live, seen from the calling process: `WorkerPool` (worker processes, each stepping a
-slice of the envs) or `InProcessPool` (every env here). Both take the same commands (`send`, then `collect`) and report
-failures alike: `WorkerError` for an env that raised or a worker that died, `WorkerTimeout` for one silent too long.
+"""Where a SubprocVecEnv's envs live, seen from the calling process: `WorkerPool` (worker processes,
+each stepping a slice of the envs) or `InProcessPool` (every env here). Both take the same commands
+(`send`, then `collect`) and report failures alike: `WorkerError` for an env that raised or a worker
+that died, `WorkerTimeout` for one silent too long.
 
-A worker's death is seen from its process (a pidfd), not only from its pipe (an env may have forked a helper that
-keeps the pipe open), nor from multiprocessing's sentinel (all of a forkserver's turn readable when it dies, though
-the workers it forked live on). No read waits past the bound: the parent reads only what has arrived.
+A worker's death is seen from its process (a pidfd), not only from its pipe (an env may have forked
+a helper that keeps the pipe open), nor from multiprocessing's sentinel (all of a forkserver's turn
+readable when it dies, though the workers it forked live on). No read waits past the bound: the
+parent reads only what has arrived.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from .messages import Channel, poll_without_sleeping
 from .shared_block import anonymous_file, views
 from .worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
 
-STARTING = 60.0  # seconds a worker may take to start (a process, the main script's imports) before building its envs
+# seconds a worker may take to start (a process, the main script's imports) before building its envs
+STARTING = 60.0
 
 
 class WorkerError(RuntimeError):
-    """An env in a worker process raised, or a worker process died. The message says which, where and why."""
+    """An env in a worker process raised, or a worker process died. The message says which, where
+    and why."""
 
     def __init__(self, message: str, env_indices: Sequence[int], command: str, exitcode: int | None = None):
         super().__init__(message)
@@ -41,7 +45,8 @@ class WorkerError(RuntimeError):
 
 
 class WorkerTimeout(TimeoutError, mp.TimeoutError):
-    """Workers did not answer within the bound: both TimeoutErrors, as gymnasium's vector envs raise."""
+    """Workers did not answer within the bound: both TimeoutErrors, as gymnasium's vector envs
+    raise."""
 
     def __init__(self, message: str, env_indices: Sequence[int], command: str):
         super().__init__(message)
@@ -49,24 +54,28 @@ class WorkerTimeout(TimeoutError, mp.TimeoutError):
 
 
 def first_failure(failures: dict[int, Exception]) -> Exception:
-    """The failure of the lowest env index, naming the envs that failed too: the report does not depend on who
-    answered first."""
+    """The failure of the lowest env index, naming the envs that failed too: the report does not
+    depend on who answered first."""
     ordered = sorted(failures.values(), key=lambda error: error.env_indices)
     error = ordered[0]
     if len(ordered) > 1:
-        error.args = (f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",)
+        error.args = (
+            f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",
+        )
     return error
 
 
 def _remote_error(payload: tuple, where: str) -> WorkerError:
     env_index, command, summary, remote_tb = payload
-    message = f"env {env_index} raised {summary} during '{command}' ({where}).\nWorker traceback:\n{remote_tb}"
+    message = (
+        f"env {env_index} raised {summary} during '{command}' ({where}).\nWorker traceback:\n{remote_tb}"
+    )
     return WorkerError(message, [env_index], command)
 
 
 class InProcessPool:
-    """Every env in this process, stepped by a worker's code when `collect` is called (as SyncVectorEnv steps in
-    step_wait). Nothing here can be bounded or restarted."""
+    """Every env in this process, stepped by a worker's code when `collect` is called (as
+    SyncVectorEnv steps in step_wait). Nothing here can be bounded or restarted."""
 
     def __init__(self, env_fns: list[Callable[[], gym.Env]], interrupt: Any = None):
         self.slices, self.envs, self.interrupt = [slice(0, len(env_fns))], [], interrupt
@@ -92,8 +101,9 @@ class InProcessPool:
         self.pending[w] = (command, arg)
 
     def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
-        """Runs the command sent; an exception in env code is the failure of worker 0 (this process). A stop requested
-        (the interrupt) raises first, the command still pending, as a wait on workers would."""
+        """Runs the command sent; an exception in env code is the failure of worker 0 (this
+        process). A stop requested (the interrupt) raises first, the command still pending, as a
+        wait on workers would."""
         if self.interrupt is not None and interruptible:
             self.interrupt.check()
         failures: dict[int, Exception] = {}
@@ -102,7 +112,9 @@ class InProcessPool:
             try:
                 self.replies[w] = self.group.run(command, arg)
             except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be
-                failures[w] = _remote_error(error_report(self.group.current, command.label, exc), "in this process")
+                failures[w] = _remote_error(
+                    error_report(self.group.current, command.label, exc), "in this process"
+                )
         return failures
 
     def drain(self, timeout: float) -> None:
@@ -113,19 +125,29 @@ class InProcessPool:
 
 
 class WorkerPool:
-    """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands, waits for replies
-    within a bound, replaces those that failed, and stops them all (helpers their envs started included)."""
+    """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands,
+    waits for replies within a bound, replaces those that failed, and stops them all (helpers their
+    envs started included)."""
 
-    def __init__(self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float,
-                 interrupt: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        env_fns: list,
+        slices: list[slice],
+        context: str,
+        spin: float,
+        close_timeout: float,
+        interrupt: Any = None,
+    ):
         self.slices, self.spin, self.interrupt = slices, spin, interrupt
-        self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]  # also to rebuild a failed worker
+        # also to rebuild a failed worker
+        self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]
         self.ctx, self.fork = process_control.get_context(context), context == "fork"
         process_control.start_helpers(context)
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
-        self.stuck: set[int] = set()  # workers that failed to answer in time: killed, not asked, on close
+        # workers that failed to answer in time: killed, not asked, on close
+        self.stuck: set[int] = set()
         self.poller = select.poll()  # every worker's socket and process fd
         self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its process fd)
         self.sentinels: list[int] = []  # readable once worker w has exited (_process_fd)
@@ -151,7 +173,8 @@ class WorkerPool:
         return [spaces for reply in replies for spaces in reply[0]], *replies[0][1:]
 
     def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
-        """Maps one shared block of `size` bytes here and in every worker (each writes its own rows)."""
+        """Maps one shared block of `size` bytes here and in every worker (each writes its own
+        rows)."""
         self.attach_message = encode(Command.ATTACH, (size, placed, obs_in_shm))
         self.block_fd = anonymous_file(size)
         block = mmap.mmap(self.block_fd, size)
@@ -174,14 +197,23 @@ class WorkerPool:
             raise first_failure(failures)
 
     def _start(self, w: int) -> None:
-        """Starts worker `w` (afresh after a failure) and watches its socket and process; it answers with spaces."""
+        """Starts worker `w` (afresh after a failure) and watches its socket and process; it answers
+        with spaces."""
         parent_sock, child_sock = socket.socketpair()
         keep, give = process_control.lifeline()
         inherited = [c.fd for c in self.conns if c.fd >= 0] + [parent_sock.fileno(), keep.fileno()]
-        args = (self.slices[w].start, self.env_fns_bytes[w], child_sock, give, inherited if self.fork else [],
-                self.spin, self.tmpdir)  # fmt: skip
+        args = (
+            self.slices[w].start,
+            self.env_fns_bytes[w],
+            child_sock,
+            give,
+            inherited if self.fork else [],
+            self.spin,
+            self.tmpdir,
+        )
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
-        with process_control.stop_signals_blocked():  # until the worker (and a forkserver it starts) ignores them
+        # until the worker (and a forkserver it starts) ignores them
+        with process_control.stop_signals_blocked():
             proc.start()
         child_sock.close()
         conn, sentinel = Channel(parent_sock), _process_fd(proc)
@@ -204,21 +236,24 @@ class WorkerPool:
         self.pending[w] = command
 
     def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
-        """poll() until something is ready or the deadline passes, first without sleeping for up to `spin` seconds."""
+        """poll() until something is ready or the deadline passes, first without sleeping for up to
+        `spin` seconds."""
         if spin and (events := poll_without_sleeping(self.poller, min(spin, deadline - time.monotonic()))):
             return events
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return self.poller.poll(0)
-            events = self.poller.poll(min(remaining, 3600.0) * 1000)  # poll takes an int of milliseconds
+            # poll takes an int of milliseconds
+            events = self.poller.poll(min(remaining, 3600.0) * 1000)
             if events:
                 return events
 
     def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
-        """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`; returns the failures
-        (death, error, timeout) by worker. A worker silent past the bound stays pending, so a retried wait takes its
-        reply. The interrupt, if any (and `interruptible`), ends the wait by raising, the workers still pending."""
+        """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`;
+        returns the failures (death, error, timeout) by worker. A worker silent past the bound stays
+        pending, so a retried wait takes its reply. The interrupt, if any (and `interruptible`),
+        ends the wait by raising, the workers still pending."""
         watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
@@ -230,12 +265,16 @@ class WorkerPool:
 
     def _collect(self, timeout: float, watched: int | None) -> dict[int, Exception]:
         now, failures, late = time.monotonic(), {}, set()
-        # A worker yet to start gets STARTING; its envs' build is bounded from the moment it says it has started
-        deadlines = {w: now + (max(timeout, STARTING) if command is Command.START else timeout)
-                     for w, command in self.pending.items()}  # fmt: skip
+        # A worker yet to start gets STARTING; its envs' build is bounded from the moment it says it
+        # has started
+        deadlines = {
+            w: now + (max(timeout, STARTING) if command is Command.START else timeout)
+            for w, command in self.pending.items()
+        }
         waiting_for = len(self.pending)
         while len(self.pending) > len(late):
-            # Once one worker has answered, the others' replies are awaited without sleeping, up to the workers' window
+            # Once one worker has answered, the others' replies are awaited without sleeping, up to
+            # the workers' window
             deadline = min(deadlines[w] for w in self.pending if w not in late)
             events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
             if not events:
@@ -249,7 +288,8 @@ class WorkerPool:
                 elif fd in self.fd_owner:
                     w = self.fd_owner[fd][0]
                     if self._read(*self.fd_owner[fd], failures) and w in self.pending:
-                        deadlines[w] = time.monotonic() + timeout  # it has started: now its build is timed
+                        # it has started: now its build is timed
+                        deadlines[w] = time.monotonic() + timeout
         return failures
 
     def _timeout(self, w: int, timeout: float) -> WorkerTimeout:
@@ -259,14 +299,16 @@ class WorkerPool:
         return WorkerTimeout(message, self.envs_of(w), command.label)
 
     def _read(self, w: int, is_sentinel: bool, failures: dict[int, Exception]) -> bool:
-        """Takes worker w's replies that have arrived whole, or notes its death; True if it said it has started."""
+        """Takes worker w's replies that have arrived whole, or notes its death; True if it said it
+        has started."""
         conn = self.conns[w]
         open_, started, replied = conn.pump(), False, False
         while (msg := conn.message()) is not None:
             if w not in self.pending:  # a reply to nobody: a protocol fault
                 failures[w] = self._death(w)
                 return started
-            if self.pending[w] is Command.START:  # its first word: started, and building its envs now
+            # its first word: started, and building its envs now
+            if self.pending[w] is Command.START:
                 self.pending[w], started = Command.MAKE, True
                 continue
             del self.pending[w]
@@ -277,7 +319,8 @@ class WorkerPool:
                 failures[w] = _remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
                 self._unwatch(w)  # it exits after this reply
             self.replies[w] = payload
-        if not replied and (is_sentinel or not open_):  # exited, or closed its pipe, without a reply
+        # exited, or closed its pipe, without a reply
+        if not replied and (is_sentinel or not open_):
             failures[w] = self._death(w)
             self.pending.pop(w, None)
         return started
@@ -286,20 +329,28 @@ class WorkerPool:
         proc, command = self.procs[w], self.pending.get(w)
         label = command.label if command else "?"
         self._unwatch(w)
-        process_control.end_processes([proc], grace=2.0)  # collect the exit code; a helper may hold the pipe open
+        # collect the exit code; a helper may hold the pipe open
+        process_control.end_processes([proc], grace=2.0)
         how = process_control.describe_exit(proc.exitcode)
-        return WorkerError(f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{label}'",
-                           self.envs_of(w), label, proc.exitcode)  # fmt: skip
+        return WorkerError(
+            f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{label}'",
+            self.envs_of(w),
+            label,
+            proc.exitcode,
+        )
 
     def _unwatch(self, w: int) -> None:
-        """Takes worker `w`'s socket and process fd out of the poll set: its exit is known, not news."""
+        """Takes worker `w`'s socket and process fd out of the poll set: its exit is known, not
+        news."""
         for fd in (self.conns[w].fd, self.sentinels[w]):
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    def restart(self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]) -> tuple[dict, dict]:
-        """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its reset reply},
-        {worker: the failure of its rebuild})."""
+    def restart(
+        self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]
+    ) -> tuple[dict, dict]:
+        """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its
+        reset reply}, {worker: the failure of its rebuild})."""
         for w in ws:
             self._unwatch(w)
             self.conns[w].close()
@@ -320,21 +371,24 @@ class WorkerPool:
                     self.send(w, Command.RESET, ([None] * n, None, [True] * n))
             failures.update(self.collect(timeout))  # only the rebuilt workers are pending
             rebuilding = [w for w in rebuilding if w not in failures]
-            for w in failures:  # a rebuild that timed out is not waited for again (it is killed, being stuck)
+            # a rebuild that timed out is not waited for again (it is killed, being stuck)
+            for w in failures:
                 self.pending.pop(w, None)
             for w in rebuilding if step == "make" else []:
                 check_spaces(self.slices[w].start, self.replies.pop(w)[0])
         return {w: self.replies.pop(w) for w in rebuilding}, failures
 
     def drain(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not known to be stuck) up to `timeout` seconds to arrive."""
+        """Gives the replies under way (of workers not known to be stuck) up to `timeout` seconds to
+        arrive."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.stuck and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)
         self.stuck.update(self.pending)
 
     def close(self, timeout: float) -> None:
-        """Asks every worker to exit, waits up to `timeout`, then kills what is left, helpers included."""
+        """Asks every worker to exit, waits up to `timeout`, then kills what is left, helpers
+        included."""
         self.finalizer.detach()
         for fd, proc in zip(self.sentinels, self.procs, strict=True):
             _close_process_fd(fd, proc)
@@ -345,7 +399,8 @@ class WorkerPool:
 
 
 def _process_fd(proc: Any) -> int:
-    """A file descriptor readable once `proc` has exited: a pidfd (Linux 5.3+), else multiprocessing's sentinel."""
+    """A file descriptor readable once `proc` has exited: a pidfd (Linux 5.3+), else
+    multiprocessing's sentinel."""
     try:
         return os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
@@ -358,8 +413,8 @@ def _close_process_fd(fd: int, proc: Any) -> None:
 
 
 def _shutdown(procs: list, conns: list, stuck: set[int], timeout: float) -> None:
-    """Asks workers to exit, waits up to `timeout`, then kills what is left (also at exit, for a vec env never
-    closed)."""
+    """Asks workers to exit, waits up to `timeout`, then kills what is left (also at exit, for a vec
+    env never closed)."""
     for w, conn in enumerate(conns):
         if w not in stuck:
             try:

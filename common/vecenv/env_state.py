@@ -1,12 +1,14 @@
-"""Env states for checkpoints: an env pickled whole (its wrappers, their statistics, its random generators and the
-simulator's own state), so that a run resumed from a checkpoint continues its episodes exactly where they were.
+"""Env states for checkpoints: an env pickled whole (its wrappers, their statistics, its random
+generators and the simulator's own state), so that a run resumed from a checkpoint continues its
+episodes exactly where they were.
 
-Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this package, or declares
-`pickle_state = True` (a user env that pickles with its whole state: plain Python and numpy). Simulators that
-gymnasium pickles by their constructor arguments (EzPickle: MuJoCo, ALE) are pickled by their state instead: MuJoCo's
-model and data pickle whole; an ALE env is rebuilt from its arguments and given back its emulator's state, random
-generator included. `dumps` gives None for anything else (Box2D's worlds, a wrapper from another package, an env that
-does not pickle): such an env cannot be saved, and a run resumed from the checkpoint starts fresh episodes.
+Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
+package, or declares `pickle_state = True` (a user env that pickles with its whole state: plain
+Python and numpy). Simulators that gymnasium pickles by their constructor arguments (EzPickle:
+MuJoCo, ALE) are pickled by their state instead: MuJoCo's model and data pickle whole; an ALE env is
+rebuilt from its arguments and given back its emulator's state, random generator included. `dumps`
+gives None for anything else (Box2D's worlds, a wrapper from another package, an env that does not
+pickle): such an env cannot be saved, and a run resumed from the checkpoint starts fresh episodes.
 
 Loading unpickles: only resume from checkpoints you wrote.
 """
@@ -22,7 +24,8 @@ import cloudpickle
 import gymnasium as gym
 from gymnasium.utils.ezpickle import EzPickle
 
-SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")  # ours, under whatever name it has
+# ours, under whatever name it has
+SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")
 
 
 def chain(env: gym.Env) -> list[Any]:
@@ -34,9 +37,11 @@ def chain(env: gym.Env) -> list[Any]:
 
 
 def saveable(env: gym.Env) -> bool:
-    """True if every class of the env's chain is one whose pickle keeps the whole state (see the module's text)."""
+    """True if every class of the env's chain is one whose pickle keeps the whole state (see the
+    module's text)."""
     return all(
-        type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False) for e in chain(env)
+        type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False)
+        for e in chain(env)
     )
 
 
@@ -49,7 +54,8 @@ def dumps(env: gym.Env) -> bytes | None:
     except ImportError:  # no Atari here: nothing of ALE's to find
         ale_py = None
     owners = {id(e.ale): e for e in chain(env) if ale_py is not None and isinstance(e, ale_py.env.AtariEnv)}
-    for pickler in (_StatePickler, _CloudStatePickler):  # pickle's own first: a run keeps this at every iteration
+    # pickle's own first: a run keeps this at every iteration
+    for pickler in (_StatePickler, _CloudStatePickler):
         buffer = io.BytesIO()
         try:
             pickler(buffer, owners).dump(env)
@@ -71,7 +77,8 @@ def _set_dict(obj: Any, state: dict) -> None:
 def _new_atari(args: tuple, kwargs: dict) -> Any:
     from ale_py.env import AtariEnv
 
-    return AtariEnv(*args, **kwargs)  # the ROM loaded and the emulator set up as the saved env had it
+    # the ROM loaded and the emulator set up as the saved env had it
+    return AtariEnv(*args, **kwargs)
 
 
 def _set_atari(env: Any, state: tuple) -> None:
@@ -81,8 +88,8 @@ def _set_atari(env: Any, state: tuple) -> None:
 
 
 class _StatePickler(pickle.Pickler):
-    """Pickles EzPickle objects by their state rather than their constructor arguments, and ALE envs by their
-    emulator's state (an ALEInterface held by a wrapper is its env's, rebuilt with it)."""
+    """Pickles EzPickle objects by their state rather than their constructor arguments, and ALE envs
+    by their emulator's state (an ALEInterface held by a wrapper is its env's, rebuilt with it)."""
 
     def __init__(self, file: io.BytesIO, ale_owners: dict[int, Any]):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -101,7 +108,8 @@ class _StatePickler(pickle.Pickler):
 
 
 class _CloudStatePickler(cloudpickle.Pickler):
-    """_StatePickler with cloudpickle's reach: functions and classes defined at run time, pickled by value."""
+    """_StatePickler with cloudpickle's reach: functions and classes defined at run time, pickled by
+    value."""
 
     def __init__(self, file: io.BytesIO, ale_owners: dict[int, Any]):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)

@@ -1,12 +1,15 @@
-"""Where SubprocVecEnv's envs step by default: in the calling process only where they can neither hang nor kill it
-and are faster there, else in workers; decided alike on a busy minute and a quiet one, no env code run here.
+"""Where SubprocVecEnv's envs step by default: in the calling process only where they can neither
+hang nor kill it and are faster there, else in workers; decided alike on a busy minute and a quiet
+one, no env code run here.
 
-`probe` builds one env in a process of its own (bounded, importing neither the main script nor torch, ending with what
-the env started). Only gymnasium's own pure-Python envs under gymnasium's wrappers are TRUSTED: their steps are timed
-there in CPU time, each beside a fixed piece of work (`reference_work`), and counted in units of it (a busy machine
-slows both alike). `decide`: if what w = min(cores, n) workers save on a step of n envs, units * (n - ceil(n / w)), is
-under ROUND_TRIP (what a step of workers costs beyond their envs' work: benchmarks/layout_thresholds.py), this
-process; else w workers, as for any other env, or one the probe cannot build (the workers then report why).
+`probe` builds one env in a process of its own (bounded, importing neither the main script nor
+torch, ending with what the env started). Only gymnasium's own pure-Python envs under gymnasium's
+wrappers are TRUSTED: their steps are timed there in CPU time, each beside a fixed piece of work
+(`reference_work`), and counted in units of it (a busy machine slows both alike). `decide`: if what
+w = min(cores, n) workers save on a step of n envs, units * (n - ceil(n / w)), is under ROUND_TRIP
+(what a step of workers costs beyond their envs' work: benchmarks/layout_thresholds.py), this
+process; else w workers, as for any other env, or one the probe cannot build (the workers then
+report why).
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ from .worker import error_report
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
 ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units
 REFERENCE_LOOPS = 60  # reference_work()'s size: about a CartPole step of CPU
-STEPPING = 0.02  # CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
+# CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
+STEPPING = 0.02
 STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers
-PROBE_START = 60.0  # seconds the probe process may take to start (Python, gymnasium, the env's module) when loaded
-# The folder the top package (ours, under whatever name it was copied as) lies in, for the probe's imports
+# seconds the probe process may take to start (Python, gymnasium, the env's module) when loaded
+PROBE_START = 60.0
+# The folder the top package (ours, under whatever name it was copied as) lies in, for the probe's
+# imports
 _ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
 _BOOT = f"""
 import signal
@@ -56,8 +62,8 @@ probe_main(data)
 
 
 class ProbeFailed(Exception):
-    """The probe could not build or step the env: `phase` (start, make, reset, step; api: gym's old API) and `summary`
-    say how."""
+    """The probe could not build or step the env: `phase` (start, make, reset, step; api: gym's old
+    API) and `summary` say how."""
 
     def __init__(self, phase: str, summary: str):
         super().__init__(f"{summary} during '{phase}'")
@@ -69,21 +75,40 @@ def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
     return all(type(e).__module__.startswith(modules) for e in chain(env))
 
 
-def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None, interrupt: Any = None,
-          check_api: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Builds env_fn() in a probe process and, for a trusted env, times its steps. Returns {"spaces", "origin" (the
-    classes of the env and its wrappers, outermost first), "trusted", "step" (CPU seconds; None if not timed, inf past
-    STEP_DECIDE), "reference" (reference_work()'s CPU seconds)}. ProbeFailed if env code raised or the probe died;
-    WorkerTimeout (naming env `index`) past `bound` seconds of building; the interrupt's exception (SubprocVecEnv's
-    `interrupt`). With `check_api`, the env is also reset and stepped once (ProbeFailed in phase "api" if it answers as
-    gym before 0.26 did)."""
+def probe(
+    env_fn: Callable[[], gym.Env],
+    bound: float,
+    index: int | None = None,
+    interrupt: Any = None,
+    check_api: bool = False,
+) -> dict[str, Any]:
+    """Builds env_fn() in a probe process and, for a trusted env, times its steps. Returns
+    {"spaces", "origin" (the classes of the env and its wrappers, outermost first), "trusted",
+    "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference" (reference_work()'s
+    CPU seconds)}. ProbeFailed if env code raised or the probe died; WorkerTimeout (naming env
+    `index`) past `bound` seconds of building; the interrupt's exception (SubprocVecEnv's
+    `interrupt`). With `check_api`, the env is also reset and stepped once (ProbeFailed in phase
+    "api" if it answers as gym before 0.26 did)."""
     parent, child = socket.socketpair()
-    data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn),
-            "registry": _registry(), "trusted": TRUSTED, "check_api": check_api}  # fmt: skip
-    errors = tempfile.TemporaryFile()  # what the probe says if it cannot start (a file: it never fills up)
+    data = {
+        "path": [_ROOT, *sys.path],
+        "fd": child.fileno(),
+        "env_fn": cloudpickle.dumps(env_fn),
+        "registry": _registry(),
+        "trusted": TRUSTED,
+        "check_api": check_api,
+    }
+    # what the probe says if it cannot start (a file: it never fills up)
+    errors = tempfile.TemporaryFile()
     with stop_signals_blocked():
-        proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=errors, pass_fds=[child.fileno()], start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", _BOOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            pass_fds=[child.fileno()],
+            start_new_session=True,
+        )
     child.close()
     conn, found = Channel(parent), {}
     phase, deadline = "start", time.monotonic() + PROBE_START
@@ -122,9 +147,11 @@ def probe(env_fn: Callable[[], gym.Env], bound: float, index: int | None = None,
             pass
 
 
-def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any,
-                  phase: str) -> Any:  # fmt: skip
-    """The probe's next message, None at the deadline; ProbeFailed if the probe ended without one."""
+def _next_message(
+    conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str
+) -> Any:
+    """The probe's next message, None at the deadline; ProbeFailed if the probe ended without
+    one."""
     poller = select.poll()
     poller.register(conn.fd, select.POLLIN)
     if interrupt is not None:
@@ -136,7 +163,8 @@ def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: 
             return None
         if interrupt is not None and any(fd == interrupt.fileno() for fd, _ in events):
             interrupt.check()
-        if not conn.pump():  # the probe has ended: what it said before, if anything, else how it ended
+        # the probe has ended: what it said before, if anything, else how it ended
+        if not conn.pump():
             if (msg := conn.message()) is not None:
                 return msg
             raise ProbeFailed(phase, f"the probe process ended ({_ended(proc, errors)})")
@@ -144,8 +172,8 @@ def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: 
 
 
 def _registry() -> bytes | None:
-    """gymnasium's registry as this process has it (ids the main script registered), for the probe to make ids
-    alike; None if some entry does not pickle."""
+    """gymnasium's registry as this process has it (ids the main script registered), for the probe
+    to make ids alike; None if some entry does not pickle."""
     try:
         return cloudpickle.dumps(dict(gym.registry))
     except Exception:  # noqa: BLE001 - the probe then knows the ids its imports register
@@ -153,7 +181,8 @@ def _registry() -> bytes | None:
 
 
 def _ended(proc: subprocess.Popen, errors: Any) -> str:
-    """How the probe process ended, with the last line it wrote to stderr (an import in its start that failed)."""
+    """How the probe process ended, with the last line it wrote to stderr (an import in its start
+    that failed)."""
     try:
         code = proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
@@ -171,11 +200,15 @@ def probe_main(data: dict) -> None:
     try:
         if data["registry"] is not None:
             gym.registry.update(pickle.loads(data["registry"]))
-        env_fn = cloudpickle.loads(data["env_fn"])  # imports the env's module: start-up, not the env's own work
+        # imports the env's module: start-up, not the env's own work
+        env_fn = cloudpickle.loads(data["env_fn"])
         conn.send(pickle.dumps(("ready", None)))
         env = env_fn()
-        found = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"]),
-                 "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]}  # fmt: skip
+        found = {
+            "spaces": (env.observation_space, env.action_space),
+            "trusted": trusted(env, data["trusted"]),
+            "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)],
+        }
         if data["check_api"]:
             phase = "reset"
             old = _old_api(env)
@@ -196,8 +229,10 @@ def probe_main(data: dict) -> None:
 
 
 def _old_api(env: gym.Env) -> str | None:
-    """How the env answers as gym's old API did (None if as gymnasium's); an error not about the API is raised."""
-    base = env.unwrapped  # below gymnasium's checking wrappers, which turn an old answer into warnings and errors
+    """How the env answers as gym's old API did (None if as gymnasium's); an error not about the API
+    is raised."""
+    # below gymnasium's checking wrappers, which turn an old answer into warnings and errors
+    base = env.unwrapped
     try:
         answer = base.reset(seed=0)
     except TypeError as exc:
@@ -213,8 +248,8 @@ def _old_api(env: gym.Env) -> str | None:
 
 
 def reference_work() -> float:
-    """A fixed piece of work like a small env's step (Python arithmetic, math calls, a small numpy array): the unit a
-    step is counted in."""
+    """A fixed piece of work like a small env's step (Python arithmetic, math calls, a small numpy
+    array): the unit a step is counted in."""
     total = 0.0
     for i in range(REFERENCE_LOOPS):
         total += math.sin(i) * 0.5
@@ -223,9 +258,10 @@ def reference_work() -> float:
 
 
 def cpu_per_step(env: gym.Env) -> tuple[float, float]:
-    """CPU seconds of a typical step with random actions, and of reference_work() run after each step: medians over
-    about STEPPING seconds of steps after the first few (a step the load interrupts costs more CPU than the env asks).
-    Only the steps are timed, not the drawing of actions: a trainer's actions come from its policy."""
+    """CPU seconds of a typical step with random actions, and of reference_work() run after each
+    step: medians over about STEPPING seconds of steps after the first few (a step the load
+    interrupts costs more CPU than the env asks). Only the steps are timed, not the drawing of
+    actions: a trainer's actions come from its policy."""
     env.action_space.seed(0)
     times: list[float] = []
     references: list[float] = []
@@ -243,12 +279,16 @@ def cpu_per_step(env: gym.Env) -> tuple[float, float]:
 
 
 def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
-    """The workers (0: this process) for n envs like the probed one (found None: the probe failed), and what the
-    choice was made from (for `describe`)."""
+    """The workers (0: this process) for n envs like the probed one (found None: the probe failed),
+    and what the choice was made from (for `describe`)."""
     w = max(1, min(cores, n))
     figures = {key: found.get(key) for key in ("origin", "trusted", "step", "reference")} if found else {}
     if found is None or not found["trusted"]:
-        why = "workers bound its waits and outlive its crashes" if found else "workers report the probe's failure"
+        why = (
+            "workers bound its waits and outlive its crashes"
+            if found
+            else "workers report the probe's failure"
+        )
         return w, dict(figures, why=why)
     if w == 1:
         return 0, dict(figures, why="one core or one env: nothing to spread")
@@ -256,19 +296,28 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[
         return w, dict(figures, why="workers save more than they cost")
     saved = found["step"] / found["reference"] * (n - math.ceil(n / w))
     if saved < ROUND_TRIP:
-        return 0, dict(figures, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost")
+        return 0, dict(
+            figures, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost"
+        )
     return w, dict(figures, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
 
 
 def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
-    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv; one step ...; ...)"."""
+    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv; one step ...;
+    ...)"."""
     notes, step, env = [], figures.get("step"), (figures.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
     if figures.get("origin"):
-        notes.append(f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs")
+        notes.append(
+            f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs"
+        )
     if step is not None:
-        notes.append(f"one step {step * 1e6:.0f} us of CPU in a probe process, {step / figures['reference']:.2f} units "
-                     "of reference work timed beside it" if math.isfinite(step) else
-                     f"a step took over {STEP_DECIDE:g} s in a probe process")  # fmt: skip
+        notes.append(
+            f"one step {step * 1e6:.0f} us of CPU in a probe process, "
+            f"{step / figures['reference']:.2f} units "
+            "of reference work timed beside it"
+            if math.isfinite(step)
+            else f"a step took over {STEP_DECIDE:g} s in a probe process"
+        )
     notes += [figures["why"]] if figures.get("why") else []
     where = "this process" if num_workers == 0 else plural(num_workers, "worker process")
     return f"{plural(n, 'env')} in {where}" + (f" ({'; '.join(notes)})" if notes else "")

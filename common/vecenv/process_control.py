@@ -1,5 +1,5 @@
-"""Processes around a SubprocVecEnv: the start method and what its forkserver preloads, the lifeline workers watch,
-ending a worker with the helpers its envs started, and saying how a process ended."""
+"""Processes around a SubprocVecEnv: the start method and what its forkserver preloads, the lifeline
+workers watch, ending a worker with the helpers its envs started, and saying how a process ended."""
 
 from __future__ import annotations
 
@@ -15,9 +15,19 @@ from typing import Any
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
-# Loaded once in the forkserver when the trainer has them: workers fork with them instead of importing them anew
-# (CPython's forkserver never preloads the main script by itself, and a script importing torch cost seconds a worker)
-FORKSERVER_PRELOAD = ("torch", "torch.utils.tensorboard", "tyro", "gymnasium", "ale_py", "cv2", "numpy", "cloudpickle")
+# Loaded once in the forkserver when the trainer has them: workers fork with them instead of
+# importing them anew (CPython's forkserver never preloads the main script by itself, and a script
+# importing torch cost seconds a worker)
+FORKSERVER_PRELOAD = (
+    "torch",
+    "torch.utils.tensorboard",
+    "tyro",
+    "gymnasium",
+    "ale_py",
+    "cv2",
+    "numpy",
+    "cloudpickle",
+)
 
 
 def default_context() -> str:
@@ -33,8 +43,9 @@ def get_context(context: str) -> Any:
 
 
 def start_helpers(context: str) -> None:
-    """Starts multiprocessing's resource tracker and forkserver before the first worker, with SIGINT and SIGTERM held
-    back: a scheduler signals every process of a job, and a forkserver it killed would fail the next restart."""
+    """Starts multiprocessing's resource tracker and forkserver before the first worker, with SIGINT
+    and SIGTERM held back: a scheduler signals every process of a job, and a forkserver it killed
+    would fail the next restart."""
     from multiprocessing import forkserver, resource_tracker
 
     resource_tracker.ensure_running()  # (it ignores both signals itself)
@@ -45,7 +56,8 @@ def start_helpers(context: str) -> None:
 
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """SIGINT and SIGTERM held back in this thread, and in any process it starts until that process ignores them."""
+    """SIGINT and SIGTERM held back in this thread, and in any process it starts until that process
+    ignores them."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -69,7 +81,8 @@ _lifelines: dict[int, tuple[socket.socket, socket.socket]] = {}
 
 
 def lifeline() -> tuple[socket.socket, socket.socket]:
-    """This process's lifeline: it keeps the first end open until it dies; workers watch the second."""
+    """This process's lifeline: it keeps the first end open until it dies; workers watch the
+    second."""
     if os.getpid() not in _lifelines:
         _lifelines.clear()  # a forked child's copy belongs to its parent
         _lifelines[os.getpid()] = socket.socketpair()
@@ -77,8 +90,8 @@ def lifeline() -> tuple[socket.socket, socket.socket]:
 
 
 def end_processes(procs: list, grace: float) -> None:
-    """Waits up to `grace` seconds for each process to exit, SIGKILLs what is left, then the process group each one
-    leads (the helpers its envs started)."""
+    """Waits up to `grace` seconds for each process to exit, SIGKILLs what is left, then the process
+    group each one leads (the helpers its envs started)."""
     deadline = time.monotonic() + grace
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -95,10 +108,14 @@ def describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "closed its pipe without exiting"
     if exitcode < 0:
-        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        name = (
+            signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        )
         return f"was killed by {name} (exit code {exitcode})"
     return f"exited with code {exitcode}"
 
 
 def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"
+    return (
+        f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"
+    )

@@ -1,9 +1,11 @@
-"""The worker side of a SubprocVecEnv: the protocol, the loop a worker process runs, and `EnvGroup`, which steps a
-slice of the envs into their rows of the shared arrays (the in-process layout runs it in the calling process).
+"""The worker side of a SubprocVecEnv: the protocol, the loop a worker process runs, and `EnvGroup`,
+which steps a slice of the envs into their rows of the shared arrays (the in-process layout runs it
+in the calling process).
 
-The parent sends a `Command` byte and maybe a pickled argument; the worker answers each with a `Reply` byte and maybe a
-pickled payload. A worker says it has started, builds its envs and says hello with their spaces; a failure sends (env
-index, command, summary, traceback) and ends the worker.
+The parent sends a `Command` byte and maybe a pickled argument; the worker answers each with a
+`Reply` byte and maybe a pickled payload. A worker says it has started, builds its envs and says
+hello with their spaces; a failure sends (env index, command, summary, traceback) and ends the
+worker.
 """
 
 from __future__ import annotations
@@ -66,13 +68,15 @@ def decode(msg: bytes) -> tuple[Command, Any]:
     try:
         command = Command(msg[:1])
     except ValueError:
-        raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between trainer and worker)") from None
+        raise ValueError(
+            f"unknown command byte {msg[:1]!r} (a protocol fault between trainer and worker)"
+        ) from None
     return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
 
 
 def hello(envs: list[gym.Env]) -> tuple:
-    """What envs say first: each one's spaces (env 0's carry the random generators the vec env's will), and env 0's
-    metadata and render mode."""
+    """What envs say first: each one's spaces (env 0's carry the random generators the vec env's
+    will), and env 0's metadata and render mode."""
     return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
 
 
@@ -91,17 +95,23 @@ def close_envs(envs: list[gym.Env]) -> None:
 
 
 class EnvGroup:
-    """The envs of one worker, writing their results into their rows of the shared arrays (`current`: the env under
-    way, for error reports)."""
+    """The envs of one worker, writing their results into their rows of the shared arrays
+    (`current`: the env under way, for error reports)."""
 
     def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
         self.envs, self.views, self.current = envs, views, 0
         self.obs_space = envs[0].observation_space
         self.obs_view = views["obs"] if obs_in_shm else None
-        self.copy_actions = views["actions"].ndim > 1  # array actions: the parent overwrites the block next step
-        self.handlers = {Command.STEP: self.step, Command.RESET: self.reset, Command.CALL: self.call,
-                         Command.SET_ATTR: self.set_attr, Command.SAVE_STATES: self.save_states,
-                         Command.LOAD_STATES: self.load_states}  # fmt: skip
+        # array actions: the parent overwrites the block next step
+        self.copy_actions = views["actions"].ndim > 1
+        self.handlers = {
+            Command.STEP: self.step,
+            Command.RESET: self.reset,
+            Command.CALL: self.call,
+            Command.SET_ATTR: self.set_attr,
+            Command.SAVE_STATES: self.save_states,
+            Command.LOAD_STATES: self.load_states,
+        }
 
     def run(self, command: Command, arg: Any) -> Any:
         if command not in self.handlers:
@@ -111,16 +121,22 @@ class EnvGroup:
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
         if self.obs_view is None:
             obs_list.append(obs)
-        elif np.shape(obs) != self.obs_view.shape[1:]:  # numpy would broadcast a scalar into the row without a word
-            raise ValueError(f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has "
-                             f"{self.obs_view.shape[1:]}")  # fmt: skip
+        # numpy would broadcast a scalar into the row without a word
+        elif np.shape(obs) != self.obs_view.shape[1:]:
+            raise ValueError(
+                f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has "
+                f"{self.obs_view.shape[1:]}"
+            )
         else:
             self.obs_view[k] = obs
 
     def step(self, actions_arg: list | None) -> tuple | None:
-        """Steps every env, resetting finished ones in the same step; None if only the arrays changed."""
+        """Steps every env, resetting finished ones in the same step; None if only the arrays
+        changed."""
         actions = self.views["actions"] if actions_arg is None else actions_arg
-        rewards, terminations, truncations = (self.views[name] for name in ("rewards", "terminations", "truncations"))
+        rewards, terminations, truncations = (
+            self.views[name] for name in ("rewards", "terminations", "truncations")
+        )
         extras, obs_list = [], []
         for k, env in enumerate(self.envs):
             self.current = k
@@ -186,14 +202,15 @@ SHORT_SPIN = 300e-6  # seconds: the window after a command that came later than 
 
 
 def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command: the whole window while commands come within it (a rollout), a
-    short one after a command that came later (an update phase)."""
+    """How long a worker polls for its next command: the whole window while commands come within it
+    (a rollout), a short one after a command that came later (an update phase)."""
     return longest if gap <= longest else min(longest, SHORT_SPIN)
 
 
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
-    """Ends this worker and the helpers its envs started (it leads their process group); if the trainer is gone, first
-    removes the folder its forkserver left in the temp dir: nobody else would."""
+    """Ends this worker and the helpers its envs started (it leads their process group); if the
+    trainer is gone, first removes the folder its forkserver left in the temp dir: nobody else
+    would."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     if tmpdir and poller.poll(wait * 1000):
@@ -204,8 +221,8 @@ def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
 
 
 def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
-    """A thread: ends this worker once the trainer is gone, however it died (its end of the lifeline closes), even
-    while the main thread is busy in env code."""
+    """A thread: ends this worker once the trainer is gone, however it died (its end of the lifeline
+    closes), even while the main thread is busy in env code."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     while not poller.poll():
@@ -213,22 +230,33 @@ def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
     _end(lifeline, tmpdir, wait=0.0)
 
 
-def worker_main(first: int, env_fns_bytes: bytes, sock: socket.socket, lifeline: socket.socket, close_fds: list[int],
-                spin: float, tmpdir: str | None) -> None:  # fmt: skip
-    """A worker process: builds its envs (indices from `first`), says hello, maps the shared block, then answers
-    commands until told to close; any failure is reported, then the worker ends."""
-    for fd in close_fds:  # fork start: the parent's ends of every pipe, so that its death reads as EOF
+def worker_main(
+    first: int,
+    env_fns_bytes: bytes,
+    sock: socket.socket,
+    lifeline: socket.socket,
+    close_fds: list[int],
+    spin: float,
+    tmpdir: str | None,
+) -> None:
+    """A worker process: builds its envs (indices from `first`), says hello, maps the shared block,
+    then answers commands until told to close; any failure is reported, then the worker ends."""
+    # fork start: the parent's ends of every pipe, so that its death reads as EOF
+    for fd in close_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # a process group of its own: the helpers its envs start end with it
     process_control.ignore_stop_signals()
     signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's
-    threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
+    threading.Thread(
+        target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True
+    ).start()
     conn = Channel(sock)
     envs: list[gym.Env] = []
     group = None
-    command, k = Command.MAKE, 0  # what the worker is doing, and to which of its envs: named in any error
+    # what the worker is doing, and to which of its envs: named in any error
+    command, k = Command.MAKE, 0
     try:
         env_fns = cloudpickle.loads(env_fns_bytes)  # imports the envs' modules: still starting
         conn.send(Reply.OK)  # started: from now on the parent times the envs' own build
@@ -237,12 +265,15 @@ def worker_main(first: int, env_fns_bytes: bytes, sock: socket.socket, lifeline:
         k = 0
         conn.send(Reply.PAYLOAD + pickle.dumps(hello(envs), PICKLE))
 
-        command = Command.ATTACH  # the block the parent laid out from those spaces: this worker's rows only
+        # the block the parent laid out from those spaces: this worker's rows only
+        command = Command.ATTACH
         msg, fd = conn.recv_fd()
         size, placed, obs_in_shm = decode(msg)[1]
         block = mmap.mmap(fd, size)
         os.close(fd)
-        views = {name: view[first : first + len(envs)] for name, view in shared_block.views(block, placed).items()}
+        views = {
+            name: view[first : first + len(envs)] for name, view in shared_block.views(block, placed).items()
+        }
         group = EnvGroup(envs, views, obs_in_shm)
         conn.send(Reply.OK)
 
@@ -264,7 +295,8 @@ def worker_main(first: int, env_fns_bytes: bytes, sock: socket.socket, lifeline:
     finally:
         close_envs(envs)
         conn.close()
-        if command is not Command.CLOSE:  # however the worker got here, its helpers end with it, not after it
+        # however the worker got here, its helpers end with it, not after it
+        if command is not Command.CLOSE:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()

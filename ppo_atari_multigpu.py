@@ -33,7 +33,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -60,7 +59,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """if toggled, cuda will be enabled by default"""
+    """train on the GPUs when there are some (--no-cuda: on the CPU)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (pip install wandb)"""
     wandb_project_name: str = "cleanRL"
@@ -126,10 +125,9 @@ class Args:
     num_workers: int | None = None
     """env worker processes per rank (0: envs step in the trainer; None: its share of the cores)"""
     max_restarts: int = 0
-    """times a crashed, raising or stuck env worker may be replaced, per rank (episodes
-    truncated)"""
+    """times a crashed, raising or stuck env worker may be replaced, per rank (episodes: truncated)"""
     step_timeout: float | None = None
-    """seconds an env step may take before its worker counts as stuck (None: no limit)"""
+    """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each wait)"""
 
 
 def make_env(args: Args, idx: int, run_dir: Path | None, noop_max: int = 30):
@@ -145,9 +143,8 @@ def make_env(args: Args, idx: int, run_dir: Path | None, noop_max: int = 30):
         env = gym.make(args.env_id, frameskip=1, obs_type="ram", render_mode="rgb_array" if video else None)
         env = AtariPipeline(env, noop_max)
         if video:  # a frame per agent step: 4 emulator frames
-            env = gym.wrappers.RecordVideo(
-                env, f"{run_dir}/videos", fps=env.metadata.get("render_fps", 60) // 4
-            )
+            fps = env.metadata.get("render_fps", 60) // 4
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", fps=fps)
         return env
 
     return thunk
@@ -234,20 +231,19 @@ def check_args(args: Args, local_world_size: int) -> None:
         raise FlagError(f"--env-id {args.env_id!r} is not an Atari id (try BreakoutNoFrameskip-v4)")
 
 
-def main(args: Args) -> list[float] | None:
+def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
     # torchrun sets these; plain `python` is one rank with no process group
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    # with --resume, the run's own flags and ranks
-    run = RankedRun(args, rank, world_size, local_world_size)
+    run = RankedRun(args, rank, world_size, local_world_size)  # with --resume, the run's own flags and ranks
     args = run.args
     check_args(args, local_world_size)
     _, action_space = run.probe(make_env)  # env 0, built in a process of its own
     use_cuda = args.cuda and torch.cuda.is_available()
-    device = torch.device(
-        f"cuda:{(args.device_ids or range(local_world_size))[local_rank]}" if use_cuda else "cpu"
-    )
+    device_id = (args.device_ids or range(local_world_size))[local_rank]
+    device = torch.device(f"cuda:{device_id}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(args.num_threads or max(1, len(os.sched_getaffinity(0)) // local_world_size))
@@ -256,8 +252,7 @@ def main(args: Args) -> list[float] | None:
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
 
-    # the same initial weights on every rank; DDP broadcasts rank 0's anyway
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank; DDP broadcasts rank 0's anyway
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng([args.seed, rank])  # sampling and minibatch order: a rank's own
     agent = Agent(int(action_space.n)).to(device)
@@ -271,15 +266,17 @@ def main(args: Args) -> list[float] | None:
             return agent.get_policy(to_torch(obs))[0].argmax(-1).cpu().numpy()
 
     if args.eval_checkpoint is not None:
-        return run.evaluate(greedy, model=agent)
+        run.load(model=agent)
+        return run.evaluate(greedy, make_env)
 
-    # What a checkpoint holds, kept at every iteration boundary with every rank's rng and envs: a
-    # stop resumes exactly
-    with run.start(device, num_iterations, batch_size, model=agent, optimizer=optimizer, rng=rng) as writer:
+    # What a checkpoint holds, kept at iteration boundaries (every rank's rng and envs): stops resume exactly
+    state = {"model": agent, "optimizer": optimizer, "rng": rng}
+    with run.start(device, num_iterations, batch_size, state) as writer:
         ddp_agent = agent  # what the update calls: with DDP, backward averages gradients over ranks
         if world_size > 1:
             ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None)
-        envs, next_obs = run.make_envs([make_env(args, i, run.dir) for i in range(args.local_num_envs)])
+        first_seed = args.seed + rank * args.local_num_envs  # env i of this rank: first_seed + i
+        envs, next_obs = run.make_envs(make_env, args.local_num_envs, seed=first_seed)
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs_shape, action_shape = envs.single_observation_space.shape, ()  # Discrete actions
         obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)
@@ -290,9 +287,8 @@ def main(args: Args) -> list[float] | None:
         for iteration in run.iterations():
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (
-                    1.0 - (iteration - 1.0) / num_iterations
-                ) * args.learning_rate
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
@@ -309,31 +305,26 @@ def main(args: Args) -> list[float] | None:
                 rewards[step] = reward
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep its last observation, for V(final_obs)
-                cuts += [
-                    (step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)
-                ]
+                for i in np.flatnonzero(truncations & ~terminations):
+                    cuts.append((step, i, infos["final_obs"][i]))
                 if "episode" in infos.get("final_info", {}):
-                    episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                    episodes += [
-                        (global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)
-                    ]
+                    episode = infos["final_info"]["episode"]
+                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                        episodes.append((global_step, episode["r"][i], episode["l"][i]))
 
             run.stop_if_asked()  # if any rank was asked: every rank stops here, together
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
-            b_obs, b_actions = (
-                to_torch(obs).view((-1,) + obs_shape),
-                to_torch(actions).view((-1,) + action_shape),
-            )
+            b_obs = to_torch(obs).view((-1,) + obs_shape)
+            b_actions = to_torch(actions).view((-1,) + action_shape)
             with torch.no_grad():
                 _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
                 b_values = b_values.flatten()
                 values = b_values.view(rewards.shape).cpu().numpy()
                 if cuts:
                     cut_steps, cut_envs, final_obs = zip(*cuts, strict=True)
-                    final_obs = np.stack(final_obs)
-                    final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
+                    final_values = agent.get_value(to_torch(np.stack(final_obs))).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
                 next_value = agent.get_value(to_torch(next_obs)).flatten().cpu().numpy()
 
@@ -343,12 +334,11 @@ def main(args: Args) -> list[float] | None:
             b_advantages, b_returns = to_torch(advantages).flatten(), to_torch(returns).flatten()
 
             # UPDATE
-            stats = defaultdict(list)  # loss name -> one value per minibatch, averaged for the log
+            stats = []  # each minibatch's losses, averaged for the log
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(local_batch_size)
                 for start in range(0, local_batch_size, local_minibatch_size):
-                    # ranks agree once per rollout, above: no collective per minibatch
-                    if world_size == 1:
+                    if world_size == 1:  # ranks agree once per rollout, above: no collective per minibatch
                         run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
                     _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
@@ -389,35 +379,27 @@ def main(args: Args) -> list[float] | None:
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    for name, value in [
-                        ("policy_loss", pg_loss),
-                        ("value_loss", v_loss),
-                        ("entropy", entropy_loss),
-                        ("old_approx_kl", old_approx_kl),
-                        ("approx_kl", approx_kl),
-                        ("clipfrac", clipfrac),
-                    ]:
-                        stats[name].append(value.detach())
+                    losses = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
+                    stats.append(torch.stack(losses).detach())
 
                 if args.target_kl is not None and run.mean_over_ranks(approx_kl) > args.target_kl:
                     break  # on the mean over ranks: one rank stopping alone would hang the others
             update_time = time.perf_counter() - update_start
 
             # LOGGING
-            means = run.mean_over_ranks(torch.stack([torch.stack(value).mean() for value in stats.values()]))
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            # means over minibatches and ranks
-            for name, value in zip(stats, means.tolist(), strict=True):
+            means = run.mean_over_ranks(torch.stack(stats).mean(0))  # over minibatches and ranks
+            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+            for name, value in zip(names, means.tolist(), strict=True):
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        # CleanRL's file was saved at the end: evaluate it
-        if args.save_model and args.eval_episodes:
-            run.evaluate(greedy)
+        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+            run.evaluate(greedy, make_env)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ Where it departs from CleanRL's ppo.py, and why:
 """
 
 import os
-import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import tyro
 
 from common.normalize import ObsNormalizer, RewardScaler
 from common.run import Run
@@ -48,7 +47,7 @@ class Args:
     seed: int = 1
     """seed of the experiment (env i is seeded with seed + i)"""
     cuda: bool = True
-    """if toggled, cuda will be enabled by default"""
+    """train on the GPU when there is one (--no-cuda: on the CPU)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (pip install wandb)"""
     wandb_project_name: str = "cleanRL"
@@ -103,8 +102,8 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL divergence threshold (None: no early stop)"""
-    norm_obs: bool = True
-    """Box actions: normalize observations by running statistics over all envs"""
+    norm_obs: tyro.conf.DisallowNone[bool | None] = None
+    """normalize observations by running statistics over all envs (None: on for Box actions only)"""
     norm_reward: bool = True
     """rewards / running std of discounted returns (CleanRL: for Box actions only)"""
 
@@ -114,7 +113,7 @@ class Args:
     max_restarts: int = 0
     """times a crashed, raising or stuck env worker may be replaced (its episodes end truncated)"""
     step_timeout: float | None = None
-    """seconds an env step may take before its worker counts as stuck (None: no limit)"""
+    """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each wait)"""
     num_threads: int = 1
     """torch CPU threads (a 64-unit MLP gains nothing from more; the env workers need the cores)"""
 
@@ -123,25 +122,22 @@ def make_env(args: Args, idx: int, run_dir: Path | None):
     """A thunk building env `idx`: float32 vectors, raw returns recorded, Box actions clipped."""
 
     def thunk():
-        video = args.capture_video and idx == 0
+        video = args.capture_video and idx == 0 and run_dir is not None
         env = gym.make(args.env_id, render_mode="rgb_array") if video else gym.make(args.env_id)
         if video:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         space = env.observation_space
         if not space.is_np_flattenable or space.dtype == np.uint8 and len(space.shape) >= 2:
             raise ValueError(
-                f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a vector "
-                "(Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py"
+                f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a "
+                "vector (Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py"
             )
-        # a vector passes as it is
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)
         space = env.observation_space
-        # e.g. a Dict's one-hots
-        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:
+        if isinstance(space, gym.spaces.Box) and space.dtype != np.float32:  # a Dict's one-hots
             with np.errstate(over="ignore"):  # bounds past float32's range are its infinities
-                low, high = space.low.astype(np.float32), space.high.astype(np.float32)
-            box = gym.spaces.Box(low, high, dtype=np.float32)
+                box = gym.spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32))
             env = gym.wrappers.TransformObservation(env, lambda obs: obs.astype(np.float32), box)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         return gym.wrappers.ClipAction(env) if isinstance(env.action_space, gym.spaces.Box) else env
@@ -219,71 +215,73 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
     return advantages
 
 
-def check_spaces(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+def check_spaces(args: Args, action_space: gym.Space) -> None:
     """The flags that depend on the env's spaces, as FlagErrors naming the flag."""
     env = f"--env-id {args.env_id}"
-    if "--norm-obs" in sys.argv[1:] and not isinstance(action_space, gym.spaces.Box):
-        raise FlagError(
-            f"--norm-obs normalizes the observations of Box-action envs; {env} has "
-            f"{action_space}: drop the flag (Discrete-action envs learn without)"
-        )
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
         raise FlagError(f"{env} has action space {action_space}; ppo_vec.py needs Discrete or 1-D Box")
+    if args.norm_obs and not isinstance(action_space, gym.spaces.Box):
+        raise FlagError(
+            f"--norm-obs normalizes the observations of Box-action envs; {env} has {action_space}: "
+            "drop the flag (Discrete-action envs learn without)"
+        )
 
 
 def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
     run = Run(args)  # with --resume or --eval-checkpoint, the flags the run was trained with
     args = run.args
     obs_space, action_space = run.probe(make_env)  # env 0, built in a process of its own
-    check_spaces(args, obs_space, action_space)
+    check_spaces(args, action_space)
+    continuous = isinstance(action_space, gym.spaces.Box)
+    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs  # args.json says what ran
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.num_threads)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    obs_shape, action_shape, continuous = obs_space.shape, action_space.shape, bool(action_space.shape)
+    obs_shape, action_shape = obs_space.shape, action_space.shape
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # rollout sampling and minibatch order
     agent = Agent(obs_shape[0], action_space).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
-    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs and continuous)
+    normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs)
 
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
 
-    # the policy evaluated: observations normalized as in training, the statistics frozen
-    def greedy(obs):
+    def greedy(obs):  # the policy evaluated: observations normalized as in training, statistics frozen
         with torch.inference_mode():
             out, _ = agent.get_policy(to_torch(normalize_obs(obs, update=False)))
         return (out if continuous else out.argmax(-1)).cpu().numpy()
 
     if args.eval_checkpoint is not None:
-        return run.evaluate(greedy, model=agent, obs_normalizer=normalize_obs)
+        run.load(model=agent, obs_normalizer=normalize_obs)
+        return run.evaluate(greedy, make_env)
 
-    # What a checkpoint holds, kept at every iteration boundary: a stopped run, resumed, goes on
-    # weight for weight
+    # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight for weight
     state = {
         "model": agent,
         "optimizer": optimizer,
         "reward_scaler": scale_rewards,
         "obs_normalizer": normalize_obs,
+        "rng": rng,
     }
-    with run.start(device, num_iterations, batch_size, **state, rng=rng) as writer:
-        envs, next_obs = run.make_envs([make_env(args, i, run.dir) for i in range(args.num_envs)])
-        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)  # storage
+    with run.start(device, num_iterations, batch_size, state) as writer:
+        envs, next_obs = run.make_envs(make_env, args.num_envs, seed=args.seed)  # env i: seed + i
+        # Rollout storage, allocated once; the update reads it as torch tensors
+        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
         action_type = np.float32 if continuous else np.int64
-        actions = np.zeros((args.num_steps, args.num_envs) + action_shape, action_type)
+        actions = np.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_type)
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
         for iteration in run.iterations():
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (
-                    1.0 - (iteration - 1.0) / num_iterations
-                ) * args.learning_rate
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
@@ -298,21 +296,17 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep its last observation, for V(final_obs)
-                cuts += [
-                    (step, i, infos["final_obs"][i]) for i in np.flatnonzero(truncations & ~terminations)
-                ]
+                for i in np.flatnonzero(truncations & ~terminations):
+                    cuts.append((step, i, infos["final_obs"][i]))
                 if "episode" in infos.get("final_info", {}):
-                    episode, mask = infos["final_info"]["episode"], infos["final_info"]["_episode"]
-                    episodes += [
-                        (global_step, episode["r"][i], episode["l"][i]) for i in np.flatnonzero(mask)
-                    ]
+                    episode = infos["final_info"]["episode"]
+                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                        episodes.append((global_step, episode["r"][i], episode["l"][i]))
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
-            b_obs, b_actions = (
-                to_torch(obs).view((-1,) + obs_shape),
-                to_torch(actions).view((-1,) + action_shape),
-            )
+            b_obs = to_torch(obs).view((-1,) + obs_shape)
+            b_actions = to_torch(actions).view((-1,) + action_shape)
             with torch.no_grad():
                 _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
                 b_values = b_values.flatten()
@@ -322,9 +316,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     final_obs = normalize_obs(np.stack(final_obs), update=False)
                     final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
-                next_value = (
-                    agent.get_value(to_torch(normalize_obs(next_obs, update=False))).flatten().cpu().numpy()
-                )
+                next_value = agent.get_value(to_torch(normalize_obs(next_obs, update=False)))
+                next_value = next_value.flatten().cpu().numpy()
 
             # GAE
             advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
@@ -332,12 +325,11 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             b_advantages, b_returns = to_torch(advantages).flatten(), to_torch(returns).flatten()
 
             # UPDATE
-            stats = defaultdict(list)  # loss name -> one value per minibatch, averaged for the log
+            stats = []  # each minibatch's losses, averaged for the log
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(batch_size)
                 for start in range(0, batch_size, minibatch_size):
-                    # a stop ends the run here, and saves the last iteration boundary
-                    run.stop_if_asked()
+                    run.stop_if_asked()  # a stop ends the run here, and saves the last iteration boundary
                     mb_inds = to_torch(b_inds[start : start + minibatch_size])
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                         b_obs[mb_inds], b_actions[mb_inds]
@@ -379,15 +371,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    for name, value in [
-                        ("policy_loss", pg_loss),
-                        ("value_loss", v_loss),
-                        ("entropy", entropy_loss),
-                        ("old_approx_kl", old_approx_kl),
-                        ("approx_kl", approx_kl),
-                        ("clipfrac", clipfrac),
-                    ]:
-                        stats[name].append(value.detach())
+                    losses = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
+                    stats.append(torch.stack(losses).detach())
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
@@ -397,15 +382,15 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             var_y = np.var(returns)
             explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            for name, value in stats.items():  # the mean over the update's minibatches
-                writer.add_scalar(f"losses/{name}", torch.stack(value).mean().item(), global_step)
+            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+            for name, value in zip(names, torch.stack(stats).mean(0).tolist(), strict=True):
+                writer.add_scalar(f"losses/{name}", value, global_step)  # the mean over the update
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        # CleanRL's file was saved at the end: evaluate it
-        if args.save_model and args.eval_episodes:
-            run.evaluate(greedy)
+        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+            run.evaluate(greedy, make_env)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
-from .vecenv.env_state import chain
-
 
 class AtariPipeline(gym.Wrapper):
     """DeepMind's preprocessing in one wrapper around an ALE env made with frameskip=1 and
@@ -24,7 +22,9 @@ class AtariPipeline(gym.Wrapper):
     records each agent step)."""
 
     def __init__(self, env: gym.Env, noop_max: int = 30, frame_skip: int = 4, size: int = 84, stack: int = 4):
-        below = [type(e).__name__ for e in chain(env)[:-1]]
+        below, inner = [], env
+        while isinstance(inner, gym.Wrapper):
+            below, inner = [*below, type(inner).__name__], inner.env
         if set(below) - {"OrderEnforcing", "PassiveEnvChecker"}:
             raise ValueError(
                 f"AtariPipeline drives the emulator itself: the wrappers below it ({', '.join(below)}) "
@@ -32,28 +32,25 @@ class AtariPipeline(gym.Wrapper):
             )
         super().__init__(env)
         self.ale = env.unwrapped.ale
-        self.action_set = env.unwrapped._action_set  # action index -> the ALE's action
+        self.action_set = [a.value for a in env.unwrapped._action_set]  # action index -> the ALE's
         self.noop_max, self.frame_skip, self.size = noop_max, frame_skip, size
         self.fire = env.unwrapped.get_action_meanings()[1:2] == ["FIRE"] and env.action_space.n >= 3
-        height, width = self.ale.getScreenDims()
-        # the last two frames of a step, max-pooled
-        self.screens = np.zeros((2, height, width), np.uint8)
-        self.frames = np.zeros((stack, size, size), np.uint8)  # the stack, oldest first
+        # The last two frames of a step, max-pooled; the stack, oldest first
+        self.screens = np.zeros((2, *self.ale.getScreenDims()), np.uint8)
+        self.frames = np.zeros((stack, size, size), np.uint8)
         self.observation_space = gym.spaces.Box(0, 255, (stack, size, size), np.uint8)
-        # RecordEpisodeStatistics
-        self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
+        self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()  # the episode's
         self.lives, self.game_over = 0, True  # EpisodicLifeEnv
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self._life_step(action)
         self.frames[:-1] = self.frames[1:]
         self.frames[-1] = obs
-        # ClipReward
-        return self.frames.copy(), np.float64(min(max(reward, -1.0), 1.0)), terminated, truncated, info
+        clipped = np.float64(min(max(reward, -1.0), 1.0))  # ClipReward
+        return self.frames.copy(), clipped, terminated, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        # The steps of a reset whose observation the next one replaces are not resized (a lost life
-        # costs 3 steps)
+        # A step whose observation the next one replaces is not resized (a lost life costs 3 steps)
         obs, info = self._life_reset(seed, options, resize=not self.fire)
         for action in (1, 2) if self.fire else ():  # FireResetEnv
             obs, _, terminated, truncated, _ = self._life_step(action, resize=action == 2)
@@ -139,8 +136,6 @@ class AtariPipeline(gym.Wrapper):
 
     def _observe(self, resize: bool = True) -> np.ndarray | None:
         np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
-        return (
-            cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA)
-            if resize
-            else None
-        )
+        if not resize:
+            return None
+        return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA)

@@ -20,11 +20,9 @@ class ObsNormalizer(nn.Module):
         super().__init__()
         self.enabled = enabled
         for name, value in [("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
-            self.register_buffer(
-                name, torch.full((obs_dim,) if name != "count" else (), value, dtype=torch.float64)
-            )
-        # views, updated in place (loading copies in)
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]
+            shape = () if name == "count" else (obs_dim,)
+            self.register_buffer(name, torch.full(shape, value, dtype=torch.float64))
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
 
     def forward(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
         mean, var, count = self.arrays
@@ -32,7 +30,8 @@ class ObsNormalizer(nn.Module):
             delta, n = obs.mean(0) - mean, len(obs)
             total = count + n
             var[:] = (var * count + obs.var(0) * n + delta**2 * count * n / total) / total
-            mean[:], count[...] = mean + delta * n / total, total
+            mean[:] = mean + delta * n / total
+            count[...] = total
         return np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10, dtype=np.float32) if self.enabled else obs
 
 
@@ -44,19 +43,15 @@ class RewardScaler(nn.Module):
     def __init__(self, num_envs: int, gamma: float):
         super().__init__()
         self.gamma = gamma
-        # in checkpoints
         for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:
-            self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))
-        # views, updated in place (loading copies in)
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]
+            self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))  # in checkpoints
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
 
     def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
         returns, mean, var, count = self.arrays
         returns[:] = returns * self.gamma * ~terminations + rewards
         delta, total = returns - mean, count + 1  # RunningMeanStd.update with one sample per env
-        var[:], mean[:], count[:] = (
-            (var * count + delta**2 * count / total) / total,
-            mean + delta / total,
-            total,
-        )
+        var[:] = (var * count + delta**2 * count / total) / total
+        mean[:] = mean + delta / total
+        count[:] = total
         return np.clip(rewards / np.sqrt(var + 1e-8), -10, 10)

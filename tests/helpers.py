@@ -355,8 +355,8 @@ def main(args):
         raise FlagError("--thing must be > 0, got 0")
     run = Run(args)
     run.probe(make_env)
-    with run.start(torch.device("cpu"), 10, 10, model=torch.nn.Linear(1, 1)):
-        run.make_envs([make_env(args, 0, run.dir)])
+    with run.start(torch.device("cpu"), 10, 10, {"model": torch.nn.Linear(1, 1)}):
+        run.make_envs(make_env, 1, seed=args.seed)
         for iteration in run.iterations():
             if iteration == 4 and args.outcome != "done":
                 if args.outcome == "fail":

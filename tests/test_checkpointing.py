@@ -75,7 +75,7 @@ def run_of(monkeypatch, *argv: str) -> Run:
 
 def start(run: Run, **state) -> None:
     """run.start as a script's main calls it, for iterations of 32 steps; raises what it raises."""
-    with run.start(torch.device("cpu"), run.args.total_timesteps // 32, 32, **state):
+    with run.start(torch.device("cpu"), run.args.total_timesteps // 32, 32, state):
         pass
 
 
@@ -271,7 +271,7 @@ def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_d
     monkeypatch.chdir(tmp_path)
     model, rng = torch.nn.Linear(2, 1), np.random.default_rng(0)
     run = run_of(monkeypatch)
-    with run.start(torch.device("cpu"), 10, 32, model=model, rng=rng):
+    with run.start(torch.device("cpu"), 10, 32, {"model": model, "rng": rng}):
         for iteration in run.iterations():  # before iteration 3: the state after 2 is kept
             if iteration == 3:
                 break
@@ -318,7 +318,9 @@ def test_evaluate_counts_whole_episodes_only(tmp_path, monkeypatch):
     args = dataclasses.asdict(Flags(env_id="tests.envs:Lives-v0"))
     path = write_checkpoint(tmp_path / "checkpoint.pt", args=args)
     run = run_of(monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2")
-    run.probe(lambda args, idx, run_dir: lambda: gym.make(args.env_id))
+    make_env = lambda args, idx, run_dir: lambda: gym.make(args.env_id)  # noqa: E731
+    run.probe(make_env)
     model = torch.nn.Linear(2, 1)
-    assert run.evaluate(lambda obs: np.zeros(1, np.int64), model=model) == [3.0, 6.0]
+    run.load(model=model)
+    assert run.evaluate(lambda obs: np.zeros(1, np.int64), make_env) == [3.0, 6.0]
     assert torch.equal(model.weight, torch.load(path, weights_only=True)["model"]["weight"])  # loaded from it

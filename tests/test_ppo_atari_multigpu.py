@@ -69,11 +69,11 @@ def block(source: str, first: str, last: str) -> str:
 SHARED_BLOCKS = [
     ("for iteration in run.iterations():", "# ROLLOUT"),  # an iteration's start
     ("actions[step] = sample(", "env_time += "),  # a rollout step (ppo_vec.py scales the rewards next)
-    ("ends[step] = ", "episodes += "),  # truncation cuts, episode records
+    ("ends[step] = ", "episodes.append("),  # truncation cuts, episode records
     # the batched pass (ppo_vec.py normalizes V's input)
     ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),
     ("# GAE", "# UPDATE"),
-    ("logratio = newlogprob", "stats[name].append"),  # the losses and what is logged of them
+    ("logratio = newlogprob", "stats.append("),  # the losses and what is logged of them
     # logging (the losses: means over ranks)
     ("var_y = np.var(returns)", 'writer.add_scalar("charts/learning_rate"'),
     ('writer.add_scalar("losses/explained_variance"', "run.log("),

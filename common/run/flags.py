@@ -103,7 +103,7 @@ def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bo
 def check_bool_values(args_type: type, argv: list[str]) -> None:
     """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling):
     here they are switches, `--flag` or `--no-flag`."""
-    switches = {flag(f.name) for f in dataclasses.fields(args_type) if f.type in (bool, "bool")}
+    switches = {flag(f.name) for f in dataclasses.fields(args_type) if "bool" in str(f.type)}
     # each word with the one after it
     for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
         name = given.split("=", 1)[0]

@@ -27,7 +27,7 @@ class RankedRun(Run):
         self.distributed = world_size > 1
 
     @contextlib.contextmanager
-    def start(self, device: torch.device, *args: Any, **state: Any) -> Iterator[Any]:
+    def start(self, device: torch.device, *args: Any) -> Iterator[Any]:
         """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or
         --backend)."""
         if self.distributed:
@@ -41,7 +41,7 @@ class RankedRun(Run):
             finally:
                 stops.request.at_once = False
         try:
-            with super().start(device, *args, **state) as writer:
+            with super().start(device, *args) as writer:
                 yield writer
         except Exception as exc:
             if not self.lost_rank(exc):  # (asked before the group is gone)

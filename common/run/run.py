@@ -100,14 +100,13 @@ class Run:
         it, if it is one of gymnasium's own): its observation and action spaces. The answer also
         decides where the envs step. No env code runs here; FlagError naming --env-id if it cannot
         be built."""
-        self.make_env = make_env
         env_fn = make_env(dataclasses.replace(self.args, capture_video=False), 0, None)
         self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0)
         return self.probed["spaces"]
 
     @contextlib.contextmanager
     def start(
-        self, device: torch.device, num_iterations: int, steps_per_iteration: int, **state: Any
+        self, device: torch.device, num_iterations: int, steps_per_iteration: int, state: dict[str, Any]
     ) -> Iterator[Any]:
         """The run, from its folder to its closing line, around the block; yields the TensorBoard
         writer.
@@ -245,11 +244,12 @@ class Run:
             ) from None
         return earlier
 
-    def make_envs(self, env_fns: list[Callable]) -> tuple[SubprocVecEnv, Any]:
+    def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
         """A SubprocVecEnv of env_fns laid out as the probe decided (or --num-workers says), closed
         as the run ends; and the observations to act on first: the envs as the checkpoint left them,
         or reset with seeds no earlier part of the run used."""
         args = self.args
+        env_fns = [make_env(args, i, self.dir) for i in range(num_envs)]
         envs = SubprocVecEnv(
             env_fns,
             num_workers=self._num_workers(),
@@ -261,7 +261,7 @@ class Run:
         self.envs = self._resources.enter_context(envs)
         saved = (self.checkpoint or {}).get("env_states") if args.resume is not None else None
         restored = bool(saved) and None not in saved
-        first_seed = args.seed + (self.rank + self.world_size * (self.start_iteration - 1)) * len(env_fns)
+        first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
         next_obs = envs.load_env_states(saved[self.rank]) if restored else envs.reset(seed=first_seed)[0]
         line = f"{args.env_id}, {envs.placement}, {self.device}" + (
             "" if restored else self._ranks_note(first_seed)
@@ -346,13 +346,9 @@ class Run:
             self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings
         )
 
-    def evaluate(self, act: Callable[[Any], Any], **state: Any) -> list[float]:
-        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on one env, acting
-        with act(obs) on a batch of one; printed, and logged as eval/episodic_return during a run.
-        With --eval-checkpoint, `state` is loaded from it first. The env steps where the probe
-        decided: in a worker, unless it is gymnasium's own."""
-        if not self.is_main:
-            return []
+    def load(self, **state: Any) -> None:
+        """Puts the state --eval-checkpoint holds into these objects (model=agent, ...); FlagError if it
+        holds none of one of them, or one that does not fit."""
         missing = [name for name in state if name not in self.checkpoint]
         if missing:
             raise FlagError(
@@ -361,10 +357,15 @@ class Run:
             )
         for name, obj in state.items():
             records.load_state(obj, self.checkpoint[name], "--eval-checkpoint", self.args.eval_checkpoint)
+
+    def evaluate(self, act: Callable[[Any], Any], make_env: Callable) -> list[float]:
+        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on env 0 of make_env,
+        acting with act(obs) on a batch of one; printed, and logged as eval/episodic_return during a
+        run. The env steps where the probe decided: in a worker, unless it is gymnasium's own."""
+        if not self.is_main:
+            return []
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
-        env_fn = self.make_env(
-            args, 0, Path(args.eval_checkpoint or self.dir / "checkpoint.pt").parent / "eval"
-        )
+        env_fn = make_env(args, 0, Path(args.eval_checkpoint or self.dir / "checkpoint.pt").parent / "eval")
         returns = []
         with SubprocVecEnv(
             [env_fn], num_workers=args.num_workers, interrupt=stops.request, probe=self.probed

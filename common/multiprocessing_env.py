@@ -13,7 +13,6 @@ import enum
 import logging
 import math
 import multiprocessing as mp
-import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +23,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from .vecenv import layout, process_control, shared_block
+from .vecenv import env_state, layout, process_control, shared_block
 from .vecenv.env_hosts import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
 from .vecenv.layout import ProbeFailed
 from .vecenv.worker import Command
@@ -279,28 +278,40 @@ class SubprocVecEnv(VectorEnv):
             raise ValueError(f"set_attr() got {len(values)} values for {self.num_envs} envs")
         self._command("set_attr", Command.SET_ATTR, lambda sl: (name, list(values[sl])))
 
-    def save_env_states(self) -> bytes | None:
-        """Every env's whole state and the last observations, as bytes for a checkpoint; None if
-        some env cannot be saved (vecenv/env_state.py says which can). Not ended by the interrupt: a
-        snapshot is whole or none."""
+    def save_env_states(self) -> dict | None:
+        """Every env's state and the last observations, as data for a checkpoint (vecenv/env_state.py);
+        None if some env cannot be saved. Not ended by the interrupt: a snapshot is whole or none."""
         states = self._command("save_env_states", Command.SAVE_STATES, lambda sl: None, interruptible=False)
         if any(state is None for state in states):
             return None
-        return pickle.dumps(
-            {"envs": states, "obs": self._last_obs, "env_obs": self._env_obs}, pickle.HIGHEST_PROTOCOL
-        )
+        return {"envs": states, "obs": env_state.value(self._last_obs)}
 
-    def load_env_states(self, saved: bytes) -> Any:
-        """Puts back the envs `save_env_states` saved; returns their last observations. Unpickles:
-        load only what you saved."""
-        data = pickle.loads(saved)
-        if len(data["envs"]) != self.num_envs:
-            raise ValueError(
-                f"load_env_states() got the states of {len(data['envs'])} envs for {self.num_envs}"
-            )
-        self._command("load_env_states", Command.LOAD_STATES, lambda sl: data["envs"][sl])
-        self._last_obs, self._env_obs = data["obs"], data["env_obs"]
-        return self._last_obs
+    def load_env_states(self, saved: dict) -> Any:
+        """Sets the states `save_env_states` took onto these envs (built by the same env_fns) and
+        returns the last observations; nothing in `saved` runs code. ValueError saying why if they do
+        not fit: the envs that did not take theirs are as they were, so reset them all then."""
+        try:
+            obs = env_state.decoded(saved["obs"])
+            states = list(saved["envs"])
+            if len(states) != self.num_envs:
+                raise ValueError(f"{len(states)} states for {self.num_envs} envs")
+            if self._obs_in_shm and (
+                np.shape(obs) != self._views["obs"].shape or obs.dtype != self._views["obs"].dtype
+            ):
+                raise ValueError(f"observations of shape {np.shape(obs)} for {self._views['obs'].shape}")
+            env_obs = None if self._obs_in_shm else list(iterate(self.observation_space, obs))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+        reasons = self._command("load_env_states", Command.LOAD_STATES, lambda sl: states[sl])
+        failed = [f"env {i}: {why}" for i, why in enumerate(reasons) if why is not None]
+        if failed:
+            raise ValueError(failed[0] + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
+        self._last_obs = obs
+        if self._obs_in_shm:
+            self._views["obs"][...] = obs
+        else:
+            self._env_obs = env_obs
+        return obs
 
     def render(self) -> tuple[Any, ...]:
         return self.call("render")

@@ -318,13 +318,17 @@ def rank_pid(launcher: int, rank: int) -> int:
 
 
 # The smallest script on the run plumbing: one CartPole in the trainer, a model that does not learn,
-# ten iterations of ten steps. --outcome says how it ends: at iteration 4 it fails, raises a bug,
-# finishes, or waits in a loop that stops at its safe points ("wait"), or in "env code" that never
-# returns ("stuck").
+# ten iterations of ten steps, the state of every boundary kept (iterations this short are otherwise
+# kept some of the time: run.KEEP_EVERY). --outcome says how it ends: at iteration 4 it fails, raises
+# a bug, finishes, or waits in a loop that stops at its safe points ("wait"), or in "env code" that
+# never returns ("stuck").
 PROGRAM = r"""
 import dataclasses, time, gymnasium as gym, torch
+import common.run.run
 from common.run import Run
 from common.run.errors import FlagError, RunError
+
+common.run.run.KEEP_EVERY = 0
 
 @dataclasses.dataclass
 class Args:

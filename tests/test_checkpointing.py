@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from common.run import Run, records
+from common.run import run as run_module
 from common.run.errors import Finished, FlagError, RunError
 from common.sweep.runs import parse_flags
 from tests.helpers import REPO
@@ -265,10 +267,32 @@ def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
     )
 
 
+def test_a_boundary_is_kept_once_fifty_times_what_keeping_costs_has_passed(tmp_path, monkeypatch):
+    """Keeping the state costs under 2% of the time: it is kept at the first boundary, at those where
+    a save is due, and once KEEP_EVERY times what the last keeping took has passed; a stop saves the
+    state last kept (run.last), labelled with its iteration."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_module, "KEEP_EVERY", 1e9)  # none kept for time's sake in this test
+    run = run_of(monkeypatch, "--checkpoint-interval", "3")
+    with run.start(torch.device("cpu"), 10, 32, {"model": torch.nn.Linear(2, 1)}):
+        for iteration in run.iterations():
+            assert run.last["iteration"] == (0 if iteration <= 3 else 3)  # 1, 2: not kept; 3: a save
+            if iteration == 6:
+                break
+        assert run.keeping > 0
+        run.kept_at = time.perf_counter() - 1.0
+        monkeypatch.setattr(run_module, "KEEP_EVERY", 50)
+        run.keeping = 0.019  # 50 x 0.019 s < 1 s: keep
+        assert run._keep()
+        run.keeping = 0.021
+        assert not run._keep()
+
+
 def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_doing(tmp_path, monkeypatch):
     """A stop in the middle of an update saves the state after the last whole iteration, labelled as
     such, and the summary names the checkpoint on disk when a save fails."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_module, "KEEP_EVERY", 0)  # every boundary kept, however short
     model, rng = torch.nn.Linear(2, 1), np.random.default_rng(0)
     run = run_of(monkeypatch)
     with run.start(torch.device("cpu"), 10, 32, {"model": model, "rng": rng}):
@@ -317,7 +341,9 @@ def test_evaluate_counts_whole_episodes_only(tmp_path, monkeypatch):
     """An episode ending without 'episode' info (a life lost, in Atari) does not count: the game goes on."""
     args = dataclasses.asdict(Flags(env_id="tests.envs:Lives-v0"))
     path = write_checkpoint(tmp_path / "checkpoint.pt", args=args)
-    run = run_of(monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2")
+    run = run_of(
+        monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2", "--env-id", "tests.envs:Lives-v0"
+    )
     make_env = lambda args, idx, run_dir: lambda: gym.make(args.env_id)  # noqa: E731
     run.probe(make_env)
     model = torch.nn.Linear(2, 1)

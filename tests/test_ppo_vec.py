@@ -171,8 +171,9 @@ def test_a_failed_run_saves_its_last_iteration_and_says_so(tmp_path):
     assert out.stderr.splitlines()[-1].startswith("ppo_vec.py: failed: 256 of 2048 steps in ")
     assert out.stderr.endswith(f"; continue with: python {VEC} --resume runs/{run_dir.name}/checkpoint.pt\n")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["checkpoint_iteration"] == 2  # the last whole iteration
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] == 2
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
+    assert summary["status"] == "failed" and summary["checkpoint_iteration"] == saved  # the file on disk
+    assert 0 <= saved <= 2  # the last boundary kept (run.KEEP_EVERY): at most the last whole iteration
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])

@@ -508,7 +508,7 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     folders = sorted((tmp_path / "runs").glob("tests.envs-SlowStep-v0__ppo_vec__*"))
     writers = [records.writer(folder) for folder in folders]
     assert len(folders) == 2 and all(writers), writers
-    refused = run_script(VEC, [*TINY, "--resume", folders[0] / "checkpoint.pt"], tmp_path)
+    refused = run_script(VEC, [*TINY, "--env-id", slow, "--resume", folders[0] / "checkpoint.pt"], tmp_path)
     assert refused.returncode == 2 and f"is being written by process {writers[0]}: a run has one writer" in (
         refused.stderr
     )

@@ -25,6 +25,7 @@ class RankedRun(Run):
     def __init__(self, args: Any, rank: int, world_size: int, local_world_size: int):
         super().__init__(args, rank, world_size, local_world_size)
         self.distributed = world_size > 1
+        self.keep_next = True  # what the ranks agreed of the next boundary
 
     @contextlib.contextmanager
     def start(self, device: torch.device, *args: Any) -> Iterator[Any]:
@@ -66,12 +67,19 @@ class RankedRun(Run):
 
     def stop_if_asked(self) -> None:
         """Stopped if any rank was asked to stop: every rank calls it at the same points, so every
-        rank stops there and none waits in a collective for one that left."""
-        signum = torch.tensor([stops.request.signum or 0], device=self._collective_device())
+        rank stops there and none waits in a collective for one that left. The ranks also agree here
+        whether to keep the next boundary's state (if any rank's rule says so)."""
+        asked = torch.tensor(
+            [stops.request.signum or 0, int(super()._keep())], device=self._collective_device()
+        )
         if self.distributed:
-            dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-        if signum.item():
-            raise Stopped(int(signum.item()))
+            dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        self.keep_next = bool(asked[1].item())
+        if asked[0].item():
+            raise Stopped(int(asked[0].item()))
+
+    def _keep(self) -> bool:
+        return self.keep_next if self.distributed else super()._keep()
 
     def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """The mean of `tensor` over all ranks: what every rank must decide alike (the target_kl
@@ -106,7 +114,9 @@ class RankedRun(Run):
 
     def _ranks_note(self, first_seed: int) -> str:
         seeds = self._gather(list(range(first_seed, first_seed + self.envs.num_envs)))
-        return f", x {self.world_size} ranks, env seeds {seeds}" if self.distributed else ""
+        if not self.distributed:
+            return ""
+        return f", x {self.world_size} ranks" + ("" if self.args.resume else f", env seeds {seeds}")
 
     @staticmethod
     def lost_rank(exc: BaseException) -> bool:

@@ -327,7 +327,7 @@ FIELDS: dict[str, Any] = {
     "recent_returns": lambda v, c: isinstance(v, list) and all(isinstance(r, (int, float)) for r in v),
 }
 FIELDS["rng"] = _each_rank(rng_state)
-FIELDS["env_states"] = _each_rank(lambda s: s is None or isinstance(s, bytes))
+FIELDS["env_states"] = _each_rank(lambda s: s is None or isinstance(s, (dict, bytes)))  # bytes: pickled
 
 
 def load_state(obj: Any, state: Any, flag_name: str, path: str) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,6 +55,8 @@ class Run:
         self.written: dict | None = None  # the state checkpoint.pt holds
         # the iteration of checkpoint.pt, as this run wrote or read it
         self.on_disk: int | None = None
+        self.kept_at: float | None = None  # when the last boundary's state was kept, and what that took
+        self.keeping = 0.0
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
         """The flags to run with, and the checkpoint they come from: --resume continues with the
@@ -72,6 +75,12 @@ class Run:
         # flags gone since dropped
         saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in fields})
         given = {name: getattr(args, name) for name in fields if name in records.given_fields(type(args))}
+        module = saved.env_id.rpartition(":")[0] if isinstance(saved.env_id, str) else ""
+        if module and "env_id" not in given:  # a checkpoint never chooses what is imported
+            raise FlagError(
+                f"{'--resume' if args.resume else '--eval-checkpoint'} {path} is of --env-id {saved.env_id}, "
+                f"which imports {module}: give --env-id {saved.env_id} to import it"
+            )
         if args.eval_checkpoint is not None:
             if "env_id" in given and args.env_id != saved.env_id:
                 raise FlagError(
@@ -259,20 +268,26 @@ class Run:
             probe=self.probed,
         )
         self.envs = self._resources.enter_context(envs)
-        saved = (self.checkpoint or {}).get("env_states") if args.resume is not None else None
-        restored = bool(saved) and None not in saved
         first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
-        next_obs = envs.load_env_states(saved[self.rank]) if restored else envs.reset(seed=first_seed)[0]
-        line = f"{args.env_id}, {envs.placement}, {self.device}" + (
-            "" if restored else self._ranks_note(first_seed)
-        )
+        next_obs, why = None, ""
+        if args.resume is not None:
+            saved = self.checkpoint.get("env_states", [None] * self.world_size)[self.rank]
+            why = "its envs could not be saved" if saved is None else ""
+            if isinstance(saved, bytes):
+                why = "an older version pickled its env states: they are not loaded, as no pickle is"
+            elif saved is not None:
+                try:
+                    next_obs = envs.load_env_states(saved)
+                except ValueError as exc:
+                    why = f"its env states do not fit these envs: {records.one_line(exc)}"
+        if next_obs is None:
+            next_obs = envs.reset(seed=first_seed)[0]
+        line = f"{args.env_id}, {envs.placement}, {self.device}{self._ranks_note(first_seed)}"
         if args.resume is not None:
             line += (
                 f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
             )
-            line += (
-                "the envs as they were" if restored else "the envs in fresh episodes (they cannot be saved)"
-            )
+            line += f"the envs in fresh episodes ({why})" if why else "the envs as they were"
         if self.is_main:
             print(f"{self.script}: {line}; results in {self.dir}", flush=True)
         return envs, next_obs
@@ -287,35 +302,48 @@ class Run:
         self._boundary(self.num_iterations)
 
     def _boundary(self, done: int) -> None:
+        """Keeps the state at this boundary where a save is due, or where at least KEEP_EVERY times the
+        last keeping's cost has passed since it (a stop saves the last state kept); saves if due."""
+        interval = self.args.checkpoint_interval
+        due = done == self.num_iterations or (
+            done >= self.start_iteration and interval and done % interval == 0
+        )
+        if not (due or self._keep()):
+            return
+        started = time.perf_counter()
         own = {
             name: obj.bit_generator.state if isinstance(obj, np.random.Generator) else obj.get_state()
             for name, obj in self.state.items()
             if _per_rank(obj)
         }
         everyone = self._gather((own, self.envs.save_env_states() if self.envs is not None else None))
-        if not self.is_main:
-            return
-        self.last = {
-            "script": self.script,
-            "args": dataclasses.asdict(self.args),
-            "world_size": self.world_size,
-            "iteration": done,
-            "global_step": done * self.steps,
-            "env_states": [e for _, e in everyone],
-            "recent_returns": list(self.progress.recent_returns),
-        }
-        for name, obj in self.state.items():
-            self.last[name] = [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
-        interval = self.args.checkpoint_interval
-        if done == self.num_iterations or (
-            done >= self.start_iteration and interval and done % interval == 0
-        ):
+        if self.is_main:
+            self.last = {
+                "script": self.script,
+                "args": dataclasses.asdict(self.args),
+                "world_size": self.world_size,
+                "iteration": done,
+                "global_step": done * self.steps,
+                "env_states": [e for _, e in everyone],
+                "recent_returns": list(self.progress.recent_returns),
+            }
+            for name, obj in self.state.items():
+                self.last[name] = (
+                    [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
+                )
+        self.kept_at = time.perf_counter()
+        self.keeping = self.kept_at - started
+        if self.is_main and due:
             self.save()
-        if done == self.num_iterations and self.args.save_model:
-            # CleanRL's file: the same state
-            path = self.dir / f"{self.args.exp_name}.cleanrl_model"
+        if self.is_main and done == self.num_iterations and self.args.save_model:
+            path = self.dir / f"{self.args.exp_name}.cleanrl_model"  # CleanRL's file: the same state
             records.save_checkpoint(path, self.last)
             print(f"model saved to {path}", flush=True)
+
+    def _keep(self) -> bool:
+        """Whether to keep this boundary's state: the first one, then once KEEP_EVERY times the cost of
+        keeping the last one has passed since (keeping costs under 2% of the time)."""
+        return self.kept_at is None or time.perf_counter() - self.kept_at >= KEEP_EVERY * self.keeping
 
     def save(self, status: str = "running") -> None:
         """Writes the last boundary's state to checkpoint.pt, and summary.json."""
@@ -506,6 +534,7 @@ class Run:
         close(0)
 
 
+KEEP_EVERY = 50  # a boundary's state is kept once this many times what keeping it costs has passed
 IMPLICIT = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
 
 

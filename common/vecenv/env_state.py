@@ -1,34 +1,44 @@
-"""Env states for checkpoints: an env pickled whole (its wrappers, their statistics, its random
-generators and the simulator's own state), so that a run resumed from a checkpoint continues its
-episodes exactly where they were.
+"""An env's state as data, for checkpoints: taken from a live env (`take`) and set onto one the same
+make_env built again (`put`), so that a resumed run's episodes go on exactly where they were. A state
+holds values only: numbers, strings, bytes, arrays (dtype, shape and bytes), numpy generators' states,
+and lists, tuples and dicts of these. Loading one never runs code: nothing in it names a class or a
+function, and a checkpoint that holds it loads with torch.load(weights_only=True).
 
 Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
-package, or declares `pickle_state = True` (a user env that pickles with its whole state: plain
-Python and numpy). Simulators that gymnasium pickles by their constructor arguments (EzPickle:
-MuJoCo, ALE) are pickled by their state instead: MuJoCo's model and data pickle whole; an ALE env is
-rebuilt from its arguments and given back its emulator's state, random generator included. `dumps`
-gives None for anything else (Box2D's worlds, a wrapper from another package, an env that does not
-pickle): such an env cannot be saved, and a run resumed from the checkpoint starts fresh episodes.
-
-Loading unpickles: only resume from checkpoints you wrote.
+package, or declares `pickle_state = True` (a user env whose state is such values). What is taken,
+innermost class first, is each attribute, but for
+- what make_env builds again: the inner env, spaces, specs, functions, classes, MuJoCo's model;
+- a value an inner env holds too (the ALEInterface a wrapper keeps): taken once, where it lives;
+- the simulators' state, through their own API: the ALE's serialized state, random generator
+  included (cloneState(include_rng=True)), and MuJoCo's integration state (mj_getState);
+- gymnasium's own helper objects (a RunningMeanStd): their attributes, set into the one rebuilt.
+An env holding anything else (a Box2D world, another package's object) cannot be saved: None.
 """
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
+import collections
+import functools
+import types
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
-from gymnasium.utils.ezpickle import EzPickle
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
-# ours, under whatever name it has
-SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")
+SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")  # ours, under any name
+CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
+REBUILT = (gym.Env, gym.Space, EnvSpec, types.ModuleType, *CODE)  # what make_env builds again
+NOT_TAKEN = {"_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec", "metadata", "_action_set"}
+RAW = (type(None), bool, int, float, str, bytes)
+KEEP = object()  # an attribute left as make_env built it
 
 
-def chain(env: gym.Env) -> list[Any]:
+class Unsaveable(Exception):
+    """A value that is not data."""
+
+
+def chain(env: gym.Env) -> list[gym.Env]:
     """The env and every wrapper around it, outermost first."""
     found = [env]
     while isinstance(found[-1], gym.Wrapper):
@@ -36,85 +46,163 @@ def chain(env: gym.Env) -> list[Any]:
     return found
 
 
-def saveable(env: gym.Env) -> bool:
-    """True if every class of the env's chain is one whose pickle keeps the whole state (see the
-    module's text)."""
-    return all(
-        type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False)
-        for e in chain(env)
-    )
-
-
-def dumps(env: gym.Env) -> bytes | None:
-    """The env's whole state as bytes, or None if it cannot be saved."""
-    if not saveable(env):
+def take(env: gym.Env) -> dict | None:
+    """The env's state as data, or None if it holds something else."""
+    layers = chain(env)[::-1]
+    if not all(
+        type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False) for e in layers
+    ):
         return None
+    seen: dict[int, int] = {}
     try:
-        import ale_py
-    except ImportError:  # no Atari here: nothing of ALE's to find
-        ale_py = None
-    owners = {id(e.ale): e for e in chain(env) if ale_py is not None and isinstance(e, ale_py.env.AtariEnv)}
-    # pickle's own first: a run keeps this at every iteration
-    for pickler in (_StatePickler, _CloudStatePickler):
-        buffer = io.BytesIO()
-        try:
-            pickler(buffer, owners).dump(env)
-            return buffer.getvalue()
-        except Exception:  # noqa: BLE001 - a lambda needs cloudpickle; what neither pickles cannot be saved
-            continue
-    return None
+        return {
+            "classes": [type(e).__qualname__ for e in layers],
+            "layers": [_fields(e, seen) for e in layers],
+        }
+    except Unsaveable:
+        return None
 
 
-def loads(data: bytes) -> gym.Env:
-    """The env `dumps` saved, in the state it had."""
-    return pickle.loads(data)
+def put(env: gym.Env, state: Any) -> None:
+    """Sets a state `take` gave onto an env the same make_env built; ValueError (or another exception
+    of decoding) if it does not fit, checked before anything is set."""
+    layers = chain(env)[::-1]
+    classes = [type(e).__qualname__ for e in layers]
+    if state["classes"] != classes:
+        raise ValueError(f"it was taken from {' < '.join(state['classes'])}, these are {' < '.join(classes)}")
+    seen: list = []
+    plan = [(e, _unfields(e, fields, seen)) for e, fields in zip(layers, state["layers"], strict=True)]
+    for obj, values in plan:
+        _assign(obj, values)
 
 
-def _set_dict(obj: Any, state: dict) -> None:
-    obj.__dict__.update(state)
+def value(obj: Any, seen: dict[int, int] | None = None) -> Any:
+    """`obj` as data (what an env's attribute, or an observation, becomes); Unsaveable if it is not."""
+    seen = {} if seen is None else seen
+    if type(obj) in RAW:
+        return obj
+    if id(obj) in seen:  # one object, held twice: it stays one
+        return ("same", seen[id(obj)])
+    seen[id(obj)] = len(seen)
+    if isinstance(obj, (np.ndarray, np.generic)) and not obj.dtype.hasobject:
+        kind = "array" if isinstance(obj, np.ndarray) else "scalar"
+        return (kind, obj.dtype.str, list(np.shape(obj)), np.ascontiguousarray(obj).tobytes())
+    if isinstance(obj, np.random.Generator):
+        return ("rng", obj.bit_generator.state)
+    if isinstance(obj, (list, tuple, collections.deque)):
+        items = [value(item, seen) for item in obj]
+        return (
+            ("deque", obj.maxlen, items)
+            if isinstance(obj, collections.deque)
+            else (type(obj).__name__, items)
+        )
+    if type(obj) is dict:
+        return ("dict", [[value(k, seen), value(v, seen)] for k, v in obj.items()])
+    module, name = type(obj).__module__, type(obj).__name__
+    if module.startswith("ale_py") and name == "ALEInterface":
+        return ("ale", obj.cloneState(include_rng=True).serialize())
+    if module.startswith("mujoco") and name == "MjData":
+        import mujoco
+
+        state = np.empty(mujoco.mj_stateSize(obj.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(obj.model, obj, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+        return ("mujoco", state.tobytes())
+    if module.startswith("gymnasium.") and hasattr(obj, "__dict__"):
+        return ("object", name, _fields(obj, seen))
+    raise Unsaveable(f"{module}.{name}")
 
 
-def _new_atari(args: tuple, kwargs: dict) -> Any:
-    from ale_py.env import AtariEnv
+def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
+    """What `value` made data of, from data alone (`current`: the object make_env built in its place,
+    for those restored in place); ValueError if it is not such data."""
+    seen = [] if seen is None else seen
+    if type(data) in RAW:
+        return data
+    if not (isinstance(data, tuple) and data and isinstance(data[0], str)):
+        raise ValueError(f"{type(data).__name__} is not a value a state holds")
+    kind, *rest = data
+    if kind == "same":
+        found = seen[rest[0]]
+        return KEEP if isinstance(found, _InPlace) else found
+    index = len(seen)
+    seen.append(None)
+    if kind in ("array", "scalar"):
+        dtype, shape, raw = rest
+        if np.dtype(dtype).hasobject:
+            raise ValueError("an array of objects")
+        array = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+        result = array if kind == "array" else array[()]
+    elif kind == "rng":
+        bits = type(current.bit_generator) if isinstance(current, np.random.Generator) else np.random.PCG64
+        result = np.random.Generator(bits())
+        result.bit_generator.state = rest[0]  # ValueError for another kind of generator, or a damaged one
+    elif kind in ("list", "tuple"):
+        seen[index] = result = []
+        result += [decoded(item, None, seen) for item in rest[0]]
+        result = tuple(result) if kind == "tuple" else result
+    elif kind == "deque":
+        result = collections.deque([decoded(item, None, seen) for item in rest[1]], rest[0])
+    elif kind == "dict":
+        result = {decoded(k, None, seen): decoded(v, None, seen) for k, v in rest[0]}
+    elif kind in ("ale", "mujoco", "object"):
+        result = _InPlace(kind, rest, current, seen)
+    else:
+        raise ValueError(f"a value of kind {kind!r}")
+    seen[index] = result
+    return result
 
-    # the ROM loaded and the emulator set up as the saved env had it
-    return AtariEnv(*args, **kwargs)
+
+class _InPlace:
+    """A simulator's state or a helper object's fields, to be set into the object make_env built."""
+
+    def __init__(self, kind: str, rest: list, current: Any, seen: list):
+        self.kind, self.current = kind, current
+        module = type(current).__module__
+        if kind == "ale" and module.startswith("ale_py"):
+            import ale_py
+
+            self.state = ale_py.ALEState(rest[0])
+        elif kind == "mujoco" and module.startswith("mujoco"):
+            import mujoco
+
+            self.state = np.frombuffer(rest[0], dtype=np.float64).copy()
+            if self.state.size != mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION):
+                raise ValueError("MuJoCo's state has another size: another model")
+        elif kind == "object" and type(current).__name__ == rest[0]:
+            self.state = _unfields(current, rest[1], seen)
+        else:
+            raise ValueError(f"a state of kind {kind!r} for {type(current).__name__}")
+
+    def apply(self) -> None:
+        if self.kind == "ale":
+            self.current.restoreState(self.state)
+        elif self.kind == "mujoco":
+            import mujoco
+
+            mujoco.mj_setState(
+                self.current.model, self.current, self.state, mujoco.mjtState.mjSTATE_INTEGRATION
+            )
+        else:
+            _assign(self.current, self.state)
 
 
-def _set_atari(env: Any, state: tuple) -> None:
-    ale_state, attrs = state
-    env.__dict__.update(attrs)
-    env.ale.restoreState(ale_state)
+def _fields(obj: Any, seen: dict[int, int]) -> list:
+    """[name, value] of each attribute that is state (neither a constant nor what make_env builds)."""
+    rebuilt = lambda field: isinstance(field, REBUILT) or type(field).__name__ == "MjModel"  # noqa: E731
+    return [
+        [name, value(field, seen)]
+        for name, field in vars(obj).items()
+        if name not in NOT_TAKEN and not rebuilt(field)
+    ]
 
 
-class _StatePickler(pickle.Pickler):
-    """Pickles EzPickle objects by their state rather than their constructor arguments, and ALE envs
-    by their emulator's state (an ALEInterface held by a wrapper is its env's, rebuilt with it)."""
-
-    def __init__(self, file: io.BytesIO, ale_owners: dict[int, Any]):
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.ale_owners = ale_owners
-
-    def reducer_override(self, obj: Any) -> Any:
-        if id(obj) in self.ale_owners:  # the ALEInterface of an env in the chain
-            return getattr, (self.ale_owners[id(obj)], "ale")
-        if type(obj).__module__ == "ale_py.env" and hasattr(obj, "ale") and id(obj.ale) in self.ale_owners:
-            attrs = {key: value for key, value in vars(obj).items() if key != "ale"}
-            state = (obj.ale.cloneState(include_rng=True), attrs)
-            return _new_atari, (obj._ezpickle_args, obj._ezpickle_kwargs), state, None, None, _set_atari
-        if isinstance(obj, EzPickle):
-            return copyreg.__newobj__, (type(obj),), vars(obj), None, None, _set_dict
-        return NotImplemented
+def _unfields(obj: Any, fields: list, seen: list) -> dict[str, Any]:
+    return {name: decoded(data, vars(obj).get(name), seen) for name, data in fields}
 
 
-class _CloudStatePickler(cloudpickle.Pickler):
-    """_StatePickler with cloudpickle's reach: functions and classes defined at run time, pickled by
-    value."""
-
-    def __init__(self, file: io.BytesIO, ale_owners: dict[int, Any]):
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.ale_owners = ale_owners
-
-    def reducer_override(self, obj: Any) -> Any:
-        reduced = _StatePickler.reducer_override(self, obj)
-        return super().reducer_override(obj) if reduced is NotImplemented else reduced
+def _assign(obj: Any, values: dict[str, Any]) -> None:
+    for name, field in values.items():
+        if isinstance(field, _InPlace):
+            field.apply()
+        elif field is not KEEP:
+            vars(obj)[name] = field

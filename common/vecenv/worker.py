@@ -180,19 +180,24 @@ class EnvGroup:
             self.current = k
             env.set_wrapper_attr(name, values[k])
 
-    def save_states(self, arg: None) -> list[bytes | None]:
+    def save_states(self, arg: None) -> list[dict | None]:
         states = []
         for k, env in enumerate(self.envs):
             self.current = k
-            states.append(env_state.dumps(env))
+            states.append(env_state.take(env))
         return states
 
-    def load_states(self, states: list[bytes]) -> None:
+    def load_states(self, states: list) -> list[str | None]:
+        """Each env's state set onto it; why not, for each that it does not fit (the env unchanged)."""
+        reasons = []
         for k, state in enumerate(states):
             self.current = k
-            env = env_state.loads(state)
-            close_envs(self.envs[k : k + 1])
-            self.envs[k] = env
+            try:
+                env_state.put(self.envs[k], state)
+                reasons.append(None)
+            except Exception as exc:  # noqa: BLE001 - data that does not fit this env, said in a line
+                reasons.append(f"{type(exc).__name__}: {exc}"[:300])
+        return reasons
 
     def close(self) -> None:
         close_envs(self.envs)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import gymnasium as gym
@@ -455,3 +456,21 @@ class LivesEnv(gym.Env):
 
 
 gym.register("Lives-v0", entry_point=LivesEnv)
+
+
+class SavedCounterEnv(CounterEnv):
+    """A user's env whose attributes are its whole state, and data: a checkpoint keeps it."""
+
+    pickle_state = True
+
+
+class SavedDictObsEnv(DictObsEnv):
+    pickle_state = True
+
+
+class HoldsAnObjectEnv(SavedCounterEnv):
+    """Says its state is data, but holds an object no checkpoint takes (a simulator of its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.world = threading.Lock()

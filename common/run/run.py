@@ -331,8 +331,9 @@ class Run:
                 self.last[name] = (
                     [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
                 )
+        # (the first keeping pays for what is done once: the next boundary is kept, and timed, too)
+        self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
-        self.keeping = self.kept_at - started
         if self.is_main and due:
             self.save()
         if self.is_main and done == self.num_iterations and self.args.save_model:

@@ -18,6 +18,7 @@ An env holding anything else (a Box2D world, another package's object) cannot be
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import types
 from typing import Any
@@ -30,7 +31,7 @@ SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")  
 CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 REBUILT = (gym.Env, gym.Space, EnvSpec, types.ModuleType, *CODE)  # what make_env builds again
 NOT_TAKEN = {"_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec", "metadata", "_action_set"}
-RAW = (type(None), bool, int, float, str, bytes)
+RAW = (type(None), bool, int, float, str)
 KEEP = object()  # an attribute left as make_env built it
 
 
@@ -53,7 +54,7 @@ def take(env: gym.Env) -> dict | None:
         type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False) for e in layers
     ):
         return None
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple] = {}
     try:
         return {
             "classes": [type(e).__qualname__ for e in layers],
@@ -76,17 +77,19 @@ def put(env: gym.Env, state: Any) -> None:
         _assign(obj, values)
 
 
-def value(obj: Any, seen: dict[int, int] | None = None) -> Any:
+def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
     """`obj` as data (what an env's attribute, or an observation, becomes); Unsaveable if it is not."""
     seen = {} if seen is None else seen
     if type(obj) in RAW:
         return obj
+    if type(obj) is bytes:
+        return obj or ("bytes", None)  # (weights_only=True cannot load an empty bytes)
     if id(obj) in seen:  # one object, held twice: it stays one
-        return ("same", seen[id(obj)])
-    seen[id(obj)] = len(seen)
+        return ("same", seen[id(obj)][0])
+    seen[id(obj)] = (len(seen), obj)  # (holding obj: its id is no other's while this lasts)
     if isinstance(obj, (np.ndarray, np.generic)) and not obj.dtype.hasobject:
         kind = "array" if isinstance(obj, np.ndarray) else "scalar"
-        return (kind, obj.dtype.str, list(np.shape(obj)), np.ascontiguousarray(obj).tobytes())
+        return (kind, obj.dtype.str, list(np.shape(obj)), np.ascontiguousarray(obj).tobytes() or None)
     if isinstance(obj, np.random.Generator):
         return ("rng", obj.bit_generator.state)
     if isinstance(obj, (list, tuple, collections.deque)):
@@ -106,7 +109,8 @@ def value(obj: Any, seen: dict[int, int] | None = None) -> Any:
 
         state = np.empty(mujoco.mj_stateSize(obj.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(obj.model, obj, state, mujoco.mjtState.mjSTATE_INTEGRATION)
-        return ("mujoco", state.tobytes())
+        derived = [[key, value(array.copy(), seen)] for key, array in _mujoco_arrays(obj).items()]
+        return ("mujoco", value(state, seen), derived)
     if module.startswith("gymnasium.") and hasattr(obj, "__dict__"):
         return ("object", name, _fields(obj, seen))
     raise Unsaveable(f"{module}.{name}")
@@ -116,11 +120,13 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     """What `value` made data of, from data alone (`current`: the object make_env built in its place,
     for those restored in place); ValueError if it is not such data."""
     seen = [] if seen is None else seen
-    if type(data) in RAW:
+    if type(data) in (*RAW, bytes):
         return data
     if not (isinstance(data, tuple) and data and isinstance(data[0], str)):
         raise ValueError(f"{type(data).__name__} is not a value a state holds")
     kind, *rest = data
+    if kind == "bytes":
+        return b""
     if kind == "same":
         found = seen[rest[0]]
         return KEEP if isinstance(found, _InPlace) else found
@@ -130,7 +136,7 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
         dtype, shape, raw = rest
         if np.dtype(dtype).hasobject:
             raise ValueError("an array of objects")
-        array = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+        array = np.frombuffer(raw or b"", dtype=np.dtype(dtype)).reshape(shape).copy()
         result = array if kind == "array" else array[()]
     elif kind == "rng":
         bits = type(current.bit_generator) if isinstance(current, np.random.Generator) else np.random.PCG64
@@ -165,9 +171,12 @@ class _InPlace:
         elif kind == "mujoco" and module.startswith("mujoco"):
             import mujoco
 
-            self.state = np.frombuffer(rest[0], dtype=np.float64).copy()
-            if self.state.size != mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION):
+            self.state = decoded(rest[0], None, seen)
+            if np.shape(self.state) != (
+                mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION),
+            ):
                 raise ValueError("MuJoCo's state has another size: another model")
+            self.derived = {key: decoded(data, None, seen) for key, data in rest[1]}
         elif kind == "object" and type(current).__name__ == rest[0]:
             self.state = _unfields(current, rest[1], seen)
         else:
@@ -176,9 +185,12 @@ class _InPlace:
     def apply(self) -> None:
         if self.kind == "ale":
             self.current.restoreState(self.state)
-        elif self.kind == "mujoco":
+        elif self.kind == "mujoco":  # what the last step derived (where it fits), then the state
             import mujoco
 
+            for key, array in _mujoco_arrays(self.current).items():
+                if np.shape(self.derived.get(key)) == array.shape:
+                    np.copyto(array, self.derived[key])
             mujoco.mj_setState(
                 self.current.model, self.current, self.state, mujoco.mjtState.mjSTATE_INTEGRATION
             )
@@ -186,7 +198,25 @@ class _InPlace:
             _assign(self.current, self.state)
 
 
-def _fields(obj: Any, seen: dict[int, int]) -> list:
+_MUJOCO_ARRAYS: list[str] = []
+
+
+def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
+    """MjData's arrays but the constraints' (each step computes and sizes them anew): its state and what
+    an env reads before a step (Ant's reward starts from the body positions of the last substep)."""
+    if not _MUJOCO_ARRAYS:
+        for key in dir(data):
+            with contextlib.suppress(Exception):  # (some properties raise where unused)
+                if (
+                    not key.startswith("_")
+                    and "efc" not in key
+                    and isinstance(getattr(data, key), np.ndarray)
+                ):
+                    _MUJOCO_ARRAYS.append(key)
+    return {key: getattr(data, key) for key in _MUJOCO_ARRAYS}
+
+
+def _fields(obj: Any, seen: dict[int, tuple]) -> list:
     """[name, value] of each attribute that is state (neither a constant nor what make_env builds)."""
     rebuilt = lambda field: isinstance(field, REBUILT) or type(field).__name__ == "MjModel"  # noqa: E731
     return [

@@ -105,7 +105,7 @@ CASES = [
     (
         VEC,
         ["--eval-checkpoint", "ppo_vec.pt"],
-        "--eval-checkpoint ppo_vec.pt holds no obs_normalizer: it was saved by another version of ppo_vec.py",
+        "--eval-checkpoint ppo_vec.pt holds no obs_normalizer: not a whole checkpoint of ppo_vec.py",
     ),
     (
         VEC,

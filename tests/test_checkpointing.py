@@ -142,10 +142,10 @@ def test_a_full_disk_is_said_so(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
     records.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
 
-    def full(fd, data):
+    def full(fd):  # the data reaches the disk, which is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(records.os, "write", full)
+    monkeypatch.setattr(records.os, "fsync", full)
     with pytest.raises(RunError) as info:
         records.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3)})
     expected = f"could not write {path} (no space left on device); the previous file, if any, is unchanged"

@@ -16,7 +16,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from common.run import errors, flags, records
+from common.run import errors, flags, progress, records
 from common.run.errors import FlagError
 from common.vecenv import layout
 from tests.envs import HangsWhenBuilt, failing_factory
@@ -141,7 +141,7 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)
     args = Flags(env_id="ALE/Breakout-v5")
-    first, second, third = (records.make_run_dir(args) for _ in range(3))
+    first, second, third = (records.make_run_dir(args, 10, 1) for _ in range(3))
     assert first.name == "ALE-Breakout-v5__exp__1__1700000000"
     assert [second.name, third.name] == [f"{first.name}-2", f"{first.name}-3"]
     assert all(path.is_dir() and path.parent.name == "runs" for path in (first, second, third))
@@ -149,7 +149,7 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
 
 def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run_dir = records.make_run_dir(Flags())
+    run_dir = records.make_run_dir(Flags(), 10, 1)
     assert json.loads((run_dir / "args.json").read_text())["num_envs"] == 4
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
@@ -157,7 +157,7 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
     with pytest.raises(
         errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"
     ):
-        records.make_run_dir(Flags())
+        records.make_run_dir(Flags(), 10, 1)
     (tmp_path / "elsewhere" / "runs").unlink()
     read_only = tmp_path / "elsewhere"
     os.chmod(read_only, 0o500)  # root writes there anyway: an immutable folder stops root too
@@ -171,7 +171,7 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
         with pytest.raises(
             errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"
         ):
-            records.make_run_dir(Flags())
+            records.make_run_dir(Flags(), 10, 1)
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(read_only)], check=True)
@@ -181,14 +181,14 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
 def test_progress_line_shows_elapsed_and_eta_as_hms(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = records.Progress(1_000_000, first_step=10_000, recent=[1.0, 2.0])
+    line_of = progress.Progress(1_000_000, 10_000, True, [1.0, 2.0], {})
     now[0] += 3725.0  # 1 h 2 min 5 s later, 372,500 steps done: 100 steps/s, 6175 s left
-    line = progress.line(382_500, {"env": 0.5, "update": 0.25})
+    line = line_of.line(382_500, {"env": 0.5, "update": 0.25})
     assert line == (
         "global_step=382500/1000000 SPS=100 episodic_return=1.5 (last 2) elapsed=1:02:05 ETA=1:42:55 "
         "[env 0.50s, update 0.25s]"
     )
-    assert records.hms(0) == "0:00:00" and records.hms(86399) == "23:59:59"
+    assert progress.hms(0) == "0:00:00" and progress.hms(86399) == "23:59:59"
 
 
 def test_mean_over_ranks_is_the_same_on_every_rank(tmp_path):

@@ -129,7 +129,7 @@ def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
     assert run.folder() == made and run.command()[1] == "finished before: skipped"
     records.write_json(made / "summary.json", {"status": "stopped by SIGTERM", "global_step": 96})
     assert run.command() == ([*run.command()[0][:-2], "--resume", str(made / "checkpoint.pt")], "resume")
-    records.hold(made)  # a live process writes it
+    records.hold(made / records.LOCK)  # a live process writes it
     assert run.command() == ([], f"running in process {os.getpid()}: skipped")
 
 
@@ -262,13 +262,13 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
 
 
 def test_one_writer_per_run_folder(tmp_path):
-    assert records.writer(tmp_path) is None
-    records.hold(tmp_path)
-    assert records.writer(tmp_path) == os.getpid()
+    assert records.lock_holder(tmp_path / records.LOCK) is None
+    records.hold(tmp_path / records.LOCK)
+    assert records.lock_holder(tmp_path / records.LOCK) == os.getpid()
     with pytest.raises(
         FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "
     ):
-        records.hold(tmp_path)  # another open file: refused, even in the same process
+        records.hold(tmp_path / records.LOCK)  # another open file: refused, even in the same process
 
 
 def write_events(folder, steps_logged, returns=(1.0,) * 20):
@@ -313,13 +313,10 @@ def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tm
 # the records
 def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["s.py", "--learning-rate", "0.001"])
-    records.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False))
+    records.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False), 32, 1)
     monkeypatch.setattr(sys, "argv", ["s.py", "--resume", "x", "--checkpoint-interval", "3"])
-    records.write_args(
-        tmp_path,
-        Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x"),
-        {"iteration": 7, "global_step": 224},
-    )
+    flags = Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x")
+    records.write_args(tmp_path, flags, 32, 1, resumed={"iteration": 7, "global_step": 224})
     saved = json.loads((tmp_path / "args.json").read_text())
     assert (
         saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
@@ -506,7 +503,7 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     while len(list((tmp_path / "runs").glob("*/checkpoint.pt"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # both runs train, and have saved a checkpoint
     folders = sorted((tmp_path / "runs").glob("tests.envs-SlowStep-v0__ppo_vec__*"))
-    writers = [records.writer(folder) for folder in folders]
+    writers = [records.lock_holder(folder / records.LOCK) for folder in folders]
     assert len(folders) == 2 and all(writers), writers
     refused = run_script(VEC, [*TINY, "--env-id", slow, "--resume", folders[0] / "checkpoint.pt"], tmp_path)
     assert refused.returncode == 2 and f"is being written by process {writers[0]}: a run has one writer" in (

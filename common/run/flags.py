@@ -1,5 +1,6 @@
-"""The flags both scripts share, checked before anything starts: one FlagError naming the flag and
-what it allows. Also the env id, and the env built once in a probe process (vecenv/layout.py)."""
+"""A run's flags: what a run is (the flags that change what it learns), and the checks both scripts'
+flags get before anything starts, each a FlagError naming the flag and what it allows. Also the env id,
+and the env built once in a probe process (vecenv/layout.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import itertools
 import math
 import os
 import sys
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -20,52 +23,103 @@ from ..multiprocessing_env import check_layout
 from ..vecenv.layout import ProbeFailed, probe
 from . import stops
 from .errors import FlagError
-from .records import flag
+
+# Flags that change nothing a run learns: a resume may give them other values, a sweep reuse a run
+# made with others
+TOLERATED = frozenset(
+    "checkpoint_interval num_workers step_timeout max_restarts num_threads cuda backend device_ids track "
+    "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume".split()
+)
+SCHEDULED = ("anneal_lr",)  # flags that make a run learn by a schedule over its --total-timesteps
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of an Args field: num_envs -> --num-envs."""
+    return "--" + name.replace("_", "-")
+
+
+def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{field: (its value in flags, in other)} for each flag that changes what a run learns (neither
+    TOLERATED nor total_timesteps) and has another value in `other`."""
+    return {
+        name: (value, other.get(name))
+        for name, value in flags.items()
+        if name not in TOLERATED and name != "total_timesteps" and other.get(name) != value
+    }
+
+
+def scheduled(flags: dict[str, Any]) -> bool:
+    return any(flags.get(name) for name in SCHEDULED)
+
+
+def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
+    """The fields of args_type the command line gives (--norm-obs and --no-norm-obs both give norm_obs)."""
+    spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
+    spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
+    words = (word.split("=", 1)[0] for word in (sys.argv[1:] if argv is None else argv))
+    return {spelled[word] for word in words if word in spelled}
+
+
+def misfits(args_type: type, values: dict[str, Any]) -> list[str]:
+    """The fields of `values` (flags read from a file) whose value is not of their Args type."""
+    try:
+        hints = typing.get_type_hints(args_type, include_extras=True)
+    except Exception:  # noqa: BLE001 - annotations that do not resolve: nothing to check them by
+        return []
+    return [name for name, value in values.items() if name in hints and not _fits(value, hints[name])]
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    origin, inner = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Annotated:
+        return _fits(value, inner[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, k) for k in inner)
+    if origin is typing.Literal:
+        return value in inner
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, inner[0]) for v in value)
+    return (
+        type(value) is kind
+        or (kind is float and type(value) is int)
+        or (value is None and kind is type(None))
+    )
 
 
 def plain_name(name: str) -> bool:
-    """True for a name that stays one folder inside runs/: not empty, no path separator, not '.' or
-    '..'."""
+    """A name that stays one folder inside runs/: not empty, no path separator, not '.' or '..'."""
     return name not in ("", ".", "..") and not any(s in name for s in {"/", "\0", os.sep, os.altsep or "/"})
 
 
 # The flags both scripts have: (field, test of its value, what is allowed)
 SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("exp_name", plain_name, "a plain name (no '/', not '.' or '..')"),
-    (
-        "exp_name",
-        lambda v: len(v.encode()) <= 200,
-        "at most 200 bytes (it names a folder with the env id and seed)",
-    ),
+    ("exp_name", lambda v: len(v.encode()) <= 200, "at most 200 bytes (it names a folder with the env id)"),
     ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("num_steps", lambda v: v >= 1, ">= 1"),
     ("num_minibatches", lambda v: v >= 1, ">= 1"),
     ("update_epochs", lambda v: v >= 1, ">= 1"),
     ("total_timesteps", lambda v: v >= 1, ">= 1"),
-    ("learning_rate", lambda v: v > 0, "> 0"),
+    ("learning_rate", lambda v: 0 < v <= 1, "in (0, 1] (Adam moves each weight by about this much a step)"),
     ("gamma", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("clip_coef", lambda v: v > 0, "> 0"),
+    ("clip_coef", lambda v: 0 < v <= 10, "in (0, 10] (the ratio is clipped to 1 +- it: 0.1 to 0.3 is usual)"),
+    ("vf_coef", lambda v: 0 <= v <= 1e6, "in [0, 1e6] (a float32 loss times it must stay a number)"),
+    ("ent_coef", lambda v: abs(v) <= 1e6, "in [-1e6, 1e6] (a float32 loss times it must stay a number)"),
     ("max_grad_norm", lambda v: v > 0, "> 0"),
     ("target_kl", lambda v: v is None or v > 0, "> 0 (or unset)"),
     ("eval_episodes", lambda v: v >= 0, ">= 0"),
     ("checkpoint_interval", lambda v: v >= 0, ">= 0 (0: only when stopped)"),
     ("num_workers", lambda v: v is None or v >= 0, ">= 0 (0: the envs step in the trainer) or unset"),
     ("max_restarts", lambda v: v >= 0, ">= 0"),
-    (
-        "step_timeout",
-        lambda v: v is None or 0 < v <= 604800,
-        "in (0, 604800] seconds, a week (or unset: no limit)",
-    ),
-    # torch crashes making 100000 threads
-    ("num_threads", lambda v: v is None or 1 <= v <= 1024, "in [1, 1024]"),
+    ("step_timeout", lambda v: v is None or 0 < v <= 604800, "in (0, 604800] seconds, a week (or unset)"),
+    ("num_threads", lambda v: v is None or 1 <= v <= 1024, "in [1, 1024]"),  # torch crashes making 100000
 ]
 
 
 def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
-    """FlagError for the first float flag that is NaN or infinite, then for the first flag that
-    breaks a rule of SHARED_FLAGS (for the fields args has) or of the script's own (field, ok,
-    allowed) rules."""
+    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks
+    a rule of SHARED_FLAGS (for the fields args has) or of the script's own (field, ok, allowed) rules."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -88,24 +142,26 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
 
 def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bool, str]]:
     """The rules of a batch: `envs` (the field of a rank's envs) x --num-steps, split into
-    --num-minibatches, and --total-timesteps worth at least one batch of every rank."""
+    --num-minibatches of 2 samples at least (--norm-adv divides by their std), and --total-timesteps
+    worth one batch of every rank at least."""
     n = getattr(args, envs)
     batch_size = n * args.num_steps
     batch = f"batch of {batch_size} steps ({flag(envs)} {n} x --num-steps {args.num_steps})"
     least = f">= one {batch}" if world_size == 1 else f">= {world_size} x a {batch}"
+    pairs = not getattr(args, "norm_adv", False) or batch_size >= 2 * args.num_minibatches
     return [
         (envs, n >= 1, ">= 1"),
         ("num_minibatches", batch_size % max(args.num_minibatches, 1) == 0, f"a divisor of the {batch}"),
+        ("num_minibatches", pairs, f"at most {batch_size // 2}: --norm-adv needs 2 samples a minibatch"),
         ("total_timesteps", args.total_timesteps >= batch_size * world_size, least),
     ]
 
 
 def check_bool_values(args_type: type, argv: list[str]) -> None:
-    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling):
-    here they are switches, `--flag` or `--no-flag`."""
+    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): here
+    they are switches, `--flag` or `--no-flag`."""
     switches = {flag(f.name) for f in dataclasses.fields(args_type) if "bool" in str(f.type)}
-    # each word with the one after it
-    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
+    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):  # each word with the next
         name = given.split("=", 1)[0]
         if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
             value = given.split("=", 1)[1] if "=" in given else value
@@ -116,34 +172,31 @@ def check_bool_values(args_type: type, argv: list[str]) -> None:
 
 
 def check_installed(args: Any, needs: dict[str, str]) -> None:
-    """FlagError for a flag that is on while the package it needs is missing: needs = {field:
-    package}."""
+    """FlagError for a flag that is on while the package it needs is missing: needs = {field: package}."""
     for name, package in needs.items():
         if getattr(args, name, False) and importlib.util.find_spec(package) is None:
             raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
 
 
 def check_env_id(env_id: str) -> None:
-    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches
-    if not)."""
+    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches if
+    not)."""
     import ale_py
 
     gym.register_envs(ale_py)  # Atari ids are known, so a script can say which ones are for it
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner on every Atari env built
     module, _, name = env_id.rpartition(":")
-    # the working folder too, as `python -m` would: a module beside you
-    if module and os.getcwd() not in sys.path:
-        sys.path.insert(1, os.getcwd())  # (workers and the probe get this path)
+    if module and os.getcwd() not in sys.path:  # a module beside you, as `python -m` finds it (workers too)
+        sys.path.insert(1, os.getcwd())
     try:
         if module:
             importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's module: say what went wrong in it, in one line
+    except Exception as exc:  # noqa: BLE001 - the user's module: what went wrong in it, in one line
         hint = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]:
             hint = (
-                f"; it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: "
-                "run from the "
-                "folder that holds it, add that folder to PYTHONPATH, or pip install its package"
+                f"; it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: run from "
+                "the folder that holds it, add that folder to PYTHONPATH, or pip install its package"
             )
         raise FlagError(
             f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}"
@@ -151,13 +204,14 @@ def check_env_id(env_id: str) -> None:
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        hint += "" if module else f" An env your module registers: --env-id your_module:{name}"
         raise FlagError(f"--env-id {env_id!r} is not a registered gymnasium env{hint}")
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
-    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's
-    own: vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the
-    probe found, or FlagError naming --env-id."""
+    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's own:
+    vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the probe
+    found, or FlagError naming --env-id."""
     try:
         return probe(make, bound, interrupt=stops.request, check_api=True)
     except ProbeFailed as exc:
@@ -168,9 +222,8 @@ def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[st
                 "truncated, info)"
             ) from None
         if exc.phase == "start":  # the probe itself, before any env code: not the env's fault
-            raise FlagError(
-                f"--env-id {env_id}: the process that builds it to look at it could not start ({exc.summary})"
-            ) from None
+            why = f"the process that builds it to look at it could not start ({exc.summary})"
+            raise FlagError(f"--env-id {env_id}: {why}") from None
         raise FlagError(f"--env-id {env_id} cannot be {exc.done} here: {exc.summary}") from None
     except TimeoutError:
         raise FlagError(f"--env-id {env_id}: building the env did not finish within {bound:g} s") from None

@@ -1,5 +1,5 @@
 """A run of a training script as its `main` sees it: one object that owns the flags, the env probed
-once, the run folder and writer, the envs, the state at each iteration boundary and the checkpoints
+once, the run folder and writer, the envs, the state kept at iteration boundaries and the checkpoints
 written from it, the stop's safe points, and the one place a run ends. Run.cli exits 0 done; 1 a
 failure (one line; a bug keeps its traceback); 2 a bad flag or file, before anything started; 128 +
 signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
@@ -24,12 +24,13 @@ import torch
 
 from ..multiprocessing_env import SubprocVecEnv, WorkerError
 from ..vecenv import process_control
-from . import flags, records, stops
+from . import flags, progress, records, stops
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped
 
-# the closing line a run composed, and whether it goes to stderr
-_closing_lines: list[tuple[str, bool]] = []
+KEEP_EVERY = 50  # a boundary's state is kept once this many times what keeping the last one took has passed
+IMPLICIT = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
+_closing_lines: list[tuple[str, bool]] = []  # the closing line a run composed, and whether it goes to stderr
 
 
 class Run:
@@ -45,116 +46,116 @@ class Run:
         flags.check(self.args, flags.batch_rules(self.args, envs, world_size))
         flags.check_env_id(self.args.env_id)  # imports the module of a module:EnvId id
         self.dir: Path | None = None
-        self.device = self.make_env = self.envs = self.writer = self.progress = None
+        self.device = self.envs = self.writer = self.progress = None
         self.probed: dict[str, Any] = {}
         self.state: dict[str, Any] = {}  # what a checkpoint holds
         self.num_iterations = self.steps = 0
         self.start_iteration = 1
-        # the state at the last iteration boundary: what any save writes
-        self.last: dict | None = None
-        self.written: dict | None = None  # the state checkpoint.pt holds
-        # the iteration of checkpoint.pt, as this run wrote or read it
-        self.on_disk: int | None = None
-        self.kept_at: float | None = None  # when the last boundary's state was kept, and what that took
+        self.last: dict | None = None  # the state kept at the last boundary kept: what a save writes
+        self.written: dict | None = None  # what this run last wrote to checkpoint.pt
+        self.on_disk: int | None = None  # the iteration checkpoint.pt holds
+        self.kept_at: float | None = None  # when the last boundary was kept, and what keeping it took
         self.keeping = 0.0
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume continues with the
-        run's own (the command line may change those that change nothing learned, and
-        --total-timesteps); --eval-checkpoint evaluates with them (the command line's for those that
-        change nothing learned)."""
+        """The flags to run with, and the checkpoint they come from: --resume continues with the run's
+        own (the command line may change those that change nothing learned, and --total-timesteps);
+        --eval-checkpoint evaluates with them (the command line's for those that change nothing)."""
         if args.resume is not None and args.eval_checkpoint is not None:
             raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
-        path = args.resume or args.eval_checkpoint
+        path = args.resume if args.resume is not None else args.eval_checkpoint
         if path is None:
             return args, None
-        checkpoint = records.load_checkpoint(
-            path, "--resume" if args.resume else "--eval-checkpoint", self.script
-        )
-        fields = [f.name for f in dataclasses.fields(args)]
-        # flags gone since dropped
-        saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in fields})
-        given = {name: getattr(args, name) for name in fields if name in records.given_fields(type(args))}
-        module = saved.env_id.rpartition(":")[0] if isinstance(saved.env_id, str) else ""
+        flag_name = "--resume" if args.resume is not None else "--eval-checkpoint"
+        checkpoint = records.load_checkpoint(path, flag_name, self.script)
+        names = [f.name for f in dataclasses.fields(args)]
+        found = {k: v for k, v in checkpoint["args"].items() if k in names}  # (flags dropped since: gone)
+        wrong = flags.misfits(type(args), found)
+        if wrong:
+            listed = ", ".join(f"{name} {found[name]!r}" for name in wrong)
+            raise FlagError(
+                f"{flag_name} {path} holds flags no run of {self.script} has ({listed}): a file edited since"
+            )
+        saved = type(args)(**found)
+        given = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}
+        module = saved.env_id.rpartition(":")[0]
         if module and "env_id" not in given:  # a checkpoint never chooses what is imported
             raise FlagError(
-                f"{'--resume' if args.resume else '--eval-checkpoint'} {path} is of --env-id {saved.env_id}, "
-                f"which imports {module}: give --env-id {saved.env_id} to import it"
+                f"{flag_name} {path} is of --env-id {saved.env_id}, which imports {module}: give "
+                f"--env-id {saved.env_id} to import it"
             )
         if args.eval_checkpoint is not None:
-            if "env_id" in given and args.env_id != saved.env_id:
+            if args.env_id != saved.env_id and "env_id" in given:
                 raise FlagError(
                     f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id "
-                    f"{args.env_id}: drop --env-id (it is evaluated on {saved.env_id})"
+                    f"{args.env_id}: "
+                    f"drop --env-id (it is evaluated on {saved.env_id})"
                 )
             if args.eval_episodes < 1:
                 raise FlagError(
                     f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}"
                 )
-            tolerated = {name: getattr(args, name) for name in records.TOLERATED & {*fields}}
+            tolerated = {name: getattr(args, name) for name in flags.TOLERATED & {*names}}
             return dataclasses.replace(saved, **tolerated), checkpoint
-        kept = records.differing(given, dataclasses.asdict(saved))
+        kept = flags.differing(given, dataclasses.asdict(saved))
         if kept:
             listed = ", ".join(
-                f"{records.flag(name)} {before} (not {after})" for name, (after, before) in kept.items()
+                f"{flags.flag(name)} {before} (not {after})" for name, (after, before) in kept.items()
             )
             raise FlagError(
-                f"--resume {path} continues a run trained with {listed}: a run's results come from one set "
-                "of flags; drop those flags, or start a new run"
+                f"--resume {path} continues a run trained with {listed}: a run's results come from "
+                "one set of "
+                "flags; drop those flags, or start a new run"
             )
         return dataclasses.replace(saved, **given | {"resume": path}), checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
-        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and times
-        it, if it is one of gymnasium's own): its observation and action spaces. The answer also
-        decides where the envs step. No env code runs here; FlagError naming --env-id if it cannot
-        be built."""
+        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and times it,
+        if it is one of gymnasium's own): its observation and action spaces. The answer also decides
+        where the envs step. No env code runs here; FlagError naming --env-id if it cannot be built."""
         env_fn = make_env(dataclasses.replace(self.args, capture_video=False), 0, None)
         self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0)
         return self.probed["spaces"]
 
+    def load(self, **state: Any) -> None:
+        """Puts the state --eval-checkpoint holds into these objects (model=agent, ...)."""
+        where = f"--eval-checkpoint {self.args.eval_checkpoint}"
+        records.check_fields(self.checkpoint, state, where, self.script)
+        for name, obj in state.items():
+            records.load_state(obj, self.checkpoint[name], where)
+
     @contextlib.contextmanager
-    def start(
-        self, device: torch.device, num_iterations: int, steps_per_iteration: int, state: dict[str, Any]
-    ) -> Iterator[Any]:
-        """The run, from its folder to its closing line, around the block; yields the TensorBoard
-        writer.
+    def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
+        """The run, from its folder to its closing line, around the block; yields the TensorBoard writer.
 
         `state` is what a checkpoint holds and a resume puts back: objects with state_dict() and
-        load_state_dict() (model, optimizer, normalizers: rank 0's) and numpy or torch random
-        generators (every rank's). Whatever else the loop must carry over a stop (a buffer, another
-        generator) goes here too; torch's own generators (dropout, torch.randn) are kept without
-        asking. A stop, an env failure or a lost rank saves the state of the last iteration
-        boundary; then summary.json and the closing line."""
-        state["torch_rng"] = torch.default_generator
+        load_state_dict() (model, optimizer, normalizers: rank 0's) and numpy or torch random generators
+        (every rank's). Whatever else the loop must carry over a stop (a buffer, another generator) goes
+        here too; torch's own generators (dropout, torch.randn) are kept without asking. A stop, an env
+        failure or a lost rank saves the state of the last boundary kept; then summary.json and the
+        closing line."""
+        state = {**state, "torch_rng": torch.default_generator}
         if device.type == "cuda":
             torch.cuda.init()  # (default_generators is empty until then)
             state["torch_cuda_rng"] = torch.cuda.default_generators[torch.cuda.current_device()]
-        self.device, self.num_iterations, self.steps, self.state = (
-            device,
-            num_iterations,
-            steps_per_iteration,
-            state,
-        )
+        self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps, state
         for name, obj in state.items():
             if not (hasattr(obj, "state_dict") or _per_rank(obj)):
                 raise TypeError(f"run.start(): {name} has no state_dict() and is no random generator")
         earlier = self._resume() if self.args.resume is not None else {}
         if self.is_main and self.args.resume is None:
-            self.dir = records.make_run_dir(self.args, "runs", steps_per_iteration, self.world_size)
-        first = (self.start_iteration - 1) * steps_per_iteration
-        self.progress = records.Progress(
-            num_iterations * steps_per_iteration,
-            first,
-            self.is_main,
-            (self.checkpoint or {}).get("recent_returns", []),
-            earlier,
+            self.dir = records.make_run_dir(self.args, steps, self.world_size)
+        first = (self.start_iteration - 1) * steps
+        recent = (self.checkpoint or {}).get("recent_returns", [])
+        self.progress = progress.Progress(num_iterations * steps, first, self.is_main, recent, earlier)
+        self.writer = (
+            progress.open_writer(self.dir, self.args, first) if self.is_main else progress.NoWriter()
         )
-        self.writer = records.open_writer(self.dir, self.args, first) if self.is_main else records.NoWriter()
         status = "failed"
         try:
-            # the envs, closed as the run ends, however it ends
-            with contextlib.ExitStack() as self._resources:
+            with (
+                contextlib.ExitStack() as self._resources
+            ):  # the envs, closed as the run ends, however it ends
                 try:
                     yield self.writer
                     status = "done"
@@ -165,8 +166,9 @@ class Run:
                 except Exception as exc:
                     if not isinstance(exc, (WorkerError, TimeoutError)) and not self.lost_rank(exc):
                         raise  # a bug, or the script's own RunError (NaN weights): nothing to save
-                    # a scheduler signals every process: an env may die first
-                    stopped = stops.request.wait(1.0)
+                    stopped = stops.request.wait(
+                        1.0
+                    )  # a scheduler signals every process: an env may die first
                     status = (
                         f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
                     )
@@ -180,37 +182,44 @@ class Run:
                 self._close(status)
 
     def _resume(self) -> dict:
-        """Puts the checkpoint's state into `state` and holds the run's folder; returns its summary
-        so far. FlagError unless the checkpoint holds all of it and was written with as many ranks;
-        Finished if nothing is left to do."""
+        """Puts the checkpoint's state into `state` and holds the run's folder; returns its summary so
+        far. FlagError unless the checkpoint holds all of it, written with as many ranks; Finished if
+        nothing is left to do (the summary then says so)."""
         checkpoint, path = self.checkpoint, self.args.resume
-        missing = [
-            name for name in ("iteration", *self.state) if name not in checkpoint and name not in IMPLICIT
-        ]
-        if missing:
-            raise FlagError(
-                f"--resume {path} holds no {' and no '.join(missing)}: not a whole checkpoint of "
-                f"{self.script} (an older version, or a file edited since)"
-            )
+        names = [name for name in ("iteration", *self.state) if name not in IMPLICIT]
+        records.check_fields(checkpoint, names, f"--resume {path}", self.script)
         if checkpoint.get("world_size", 1) != self.world_size:
+            ranks = checkpoint["world_size"]
             raise FlagError(
-                f"--resume {path} was written with {checkpoint['world_size']} ranks; resume it with "
-                f"{checkpoint['world_size']}, not {self.world_size}"
+                f"--resume {path} was written with {ranks} ranks; resume it with {ranks}, not "
+                f"{self.world_size}"
             )
         done, total = checkpoint["iteration"], self.args.total_timesteps
+        self.dir = Path(path).parent if self.is_main else None
+        ours = self.dir / "checkpoint.pt" if self.is_main else None
+        if self.is_main:
+            records.hold(self.dir / records.LOCK)
+            self.on_disk = done if _same_file(path, ours) else _iteration_of(ours)
+        earlier = (records.read_json(self.dir / "summary.json") or {}) if self.is_main else {}
         if done >= self.num_iterations:
+            if self.is_main and _same_file(path, ours) and earlier.get("status") != "done":
+                records.write_json(self.dir / "summary.json", {**earlier, "status": "done"})  # all trained
+            if self.is_main:
+                (self.dir / records.LOCK).unlink()
             asked = (
                 f" (--total-timesteps {total} asks for {self.num_iterations})"
                 if done > self.num_iterations
                 else ""
             )
             raise Finished(
-                f"--resume {path}: that run finished its {done} iterations already{asked}; nothing to do (a "
-                "larger --total-timesteps continues it)"
+                f"--resume {path}: that run finished its {done} iterations already{asked}; nothing "
+                "to do (a larger "
+                "--total-timesteps continues it)"
             )
         for name, obj in self.state.items():
-            # torch's own generators, from a run on another device (or an older version)
-            if name not in checkpoint:
+            if (
+                name not in checkpoint
+            ):  # torch's own generators, from a run on another device (or an older version)
                 continue
             try:
                 if isinstance(obj, np.random.Generator):
@@ -218,16 +227,12 @@ class Run:
                 elif isinstance(obj, torch.Generator):
                     obj.set_state(checkpoint[name][self.rank])
                 else:
-                    records.load_state(obj, checkpoint[name], "--resume", path)
+                    records.load_state(obj, checkpoint[name], f"--resume {path}")
             except (TypeError, ValueError, IndexError, RuntimeError) as exc:
                 raise FlagError(f"--resume {path}: its {name} does not fit this run ({exc})") from None
-        self.start_iteration, self.on_disk = done + 1, done
+        self.start_iteration = done + 1
         planned = checkpoint["args"].get("total_timesteps", total)
-        if (
-            self.is_main
-            and planned // self.steps != self.num_iterations
-            and records.scheduled(vars(self.args))
-        ):
+        if self.is_main and planned // self.steps != self.num_iterations and flags.scheduled(vars(self.args)):
             print(
                 f"{self.script}: --total-timesteps {total} moves the end of --anneal-lr's schedule (made for "
                 f"{planned} steps): the learning rate goes on from {1.0 - done / self.num_iterations:.2f} x "
@@ -236,17 +241,16 @@ class Run:
             )
         if not self.is_main:
             return {}
-        self.dir = Path(path).parent
-        records.hold(self.dir)
-        earlier = records.read_json(self.dir / "summary.json") or {}
-        if (self.dir / "args.json").exists() and records.read_json(self.dir / "args.json") is None:
+        if not (self.dir / "args.json").exists():
             print(
-                f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew "
-                "from the checkpoint",
+                f"{self.script}: {self.dir / 'args.json'} is missing: written anew from the checkpoint",
                 flush=True,
             )
         try:
-            records.write_args(self.dir, self.args, checkpoint, self.steps, self.world_size)
+            records.write_args(self.dir, self.args, self.steps, self.world_size, resumed=checkpoint)
+            records.write_json(
+                self.dir / "summary.json", {**earlier, "status": "running"}
+            )  # (a kill leaves that)
         except OSError as exc:
             raise RunError(
                 f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there"
@@ -254,9 +258,9 @@ class Run:
         return earlier
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
-        """A SubprocVecEnv of env_fns laid out as the probe decided (or --num-workers says), closed
-        as the run ends; and the observations to act on first: the envs as the checkpoint left them,
-        or reset with seeds no earlier part of the run used."""
+        """num_envs envs of make_env in a SubprocVecEnv laid out as the probe decided (or --num-workers
+        says), closed as the run ends; and the observations to act on first: the envs as the checkpoint
+        left them, or reset with seed + i for env i (after a stop, seeds no earlier part of the run used)."""
         args = self.args
         env_fns = [make_env(args, i, self.dir) for i in range(num_envs)]
         envs = SubprocVecEnv(
@@ -293,8 +297,8 @@ class Run:
         return envs, next_obs
 
     def iterations(self) -> Iterator[int]:
-        """The iterations left to do. Before each and after the last, the state at that boundary is
-        kept (a stop saves it) and written where a save is due: every --checkpoint-interval
+        """The iterations left to do. Before each and after the last, the state at that boundary is kept
+        (a stop saves it) where KEEP_EVERY allows or a save is due: every --checkpoint-interval
         iterations, and at the end (with --save-model, also as <exp-name>.cleanrl_model)."""
         for iteration in range(self.start_iteration, self.num_iterations + 1):
             self._boundary(iteration - 1)
@@ -302,8 +306,6 @@ class Run:
         self._boundary(self.num_iterations)
 
     def _boundary(self, done: int) -> None:
-        """Keeps the state at this boundary where a save is due, or where at least KEEP_EVERY times the
-        last keeping's cost has passed since it (a stop saves the last state kept); saves if due."""
         interval = self.args.checkpoint_interval
         due = done == self.num_iterations or (
             done >= self.start_iteration and interval and done % interval == 0
@@ -324,7 +326,7 @@ class Run:
                 "world_size": self.world_size,
                 "iteration": done,
                 "global_step": done * self.steps,
-                "env_states": [e for _, e in everyone],
+                "env_states": [envs for _, envs in everyone],
                 "recent_returns": list(self.progress.recent_returns),
             }
             for name, obj in self.state.items():
@@ -342,12 +344,12 @@ class Run:
             print(f"model saved to {path}", flush=True)
 
     def _keep(self) -> bool:
-        """Whether to keep this boundary's state: the first one, then once KEEP_EVERY times the cost of
-        keeping the last one has passed since (keeping costs under 2% of the time)."""
+        """Whether to keep this boundary's state: once KEEP_EVERY times what keeping the last one took
+        has passed since (keeping costs under 2% of the time)."""
         return self.kept_at is None or time.perf_counter() - self.kept_at >= KEEP_EVERY * self.keeping
 
     def save(self, status: str = "running") -> None:
-        """Writes the last boundary's state to checkpoint.pt, and summary.json."""
+        """Writes the state of the last boundary kept to checkpoint.pt, and summary.json."""
         records.save_checkpoint(self.dir / "checkpoint.pt", self.last)
         self.written, self.on_disk = self.last, self.last["iteration"]
         self._summarize(status)
@@ -356,41 +358,27 @@ class Run:
         return stops.request.signum is not None
 
     def stop_if_asked(self) -> None:
-        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary's
-        state and ends)."""
+        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary kept)."""
         stops.request.check()
 
     def log(self, global_step: int, episodes: list[tuple], timings: dict[str, float]) -> None:
-        """Logs each finished episode (global step, raw return, length), SPS, where the time went
-        and worker restarts, and prints the progress line; RunError if a weight became NaN/Inf (no
-        such state is saved)."""
+        """Logs each finished episode (global step, raw return, length), SPS, where the time went and
+        worker restarts, and prints the progress line; RunError if a weight became NaN/Inf."""
         for name, obj in self.state.items():
             if isinstance(obj, torch.nn.Module) and not all(p.isfinite().all() for p in obj.parameters()):
                 raise RunError(
-                    f"iteration {global_step // self.steps} (global_step {global_step}): the weights of "
-                    f"{name} became NaN/Inf; look for NaN/Inf in observations or rewards, or lower "
-                    "--learning-rate"
+                    f"iteration {global_step // self.steps} (global_step {global_step}): the "
+                    f"weights of {name} "
+                    "became NaN/Inf; look for NaN/Inf in observations or rewards, or lower --learning-rate"
                 )
         self.progress.log(
             self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings
         )
 
-    def load(self, **state: Any) -> None:
-        """Puts the state --eval-checkpoint holds into these objects (model=agent, ...); FlagError if it
-        holds none of one of them, or one that does not fit."""
-        missing = [name for name in state if name not in self.checkpoint]
-        if missing:
-            raise FlagError(
-                f"--eval-checkpoint {self.args.eval_checkpoint} holds no {' and no '.join(missing)}: it "
-                f"was saved by another version of {self.script}"
-            )
-        for name, obj in state.items():
-            records.load_state(obj, self.checkpoint[name], "--eval-checkpoint", self.args.eval_checkpoint)
-
     def evaluate(self, act: Callable[[Any], Any], make_env: Callable) -> list[float]:
         """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on env 0 of make_env,
-        acting with act(obs) on a batch of one; printed, and logged as eval/episodic_return during a
-        run. The env steps where the probe decided: in a worker, unless it is gymnasium's own."""
+        acting with act(obs) on a batch of one; printed, and logged as eval/episodic_return in a run.
+        The env steps where the probe decided: in a worker, unless it is gymnasium's own."""
         if not self.is_main:
             return []
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
@@ -402,12 +390,12 @@ class Run:
             obs, _ = envs.reset(seed=args.seed + 10_000)  # seeds training never used
             while len(returns) < args.eval_episodes:
                 obs, _, _, _, infos = envs.step(act(obs))
-                # not when only a life ended (Atari)
-                if infos.get("final_info", {}).get("_episode", [False])[0]:
+                if infos.get("final_info", {}).get("_episode", [False])[0]:  # (not when only a life ended)
                     returns.append(float(infos["final_info"]["episode"]["r"][0]))
         for idx, episodic_return in enumerate(returns if self.writer is not None else []):
             self.writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"eval: mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes: {returns}")
+        shown = ", ".join(f"{r:.6g}" for r in returns)
+        print(f"eval: mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes: [{shown}]")
         return returns
 
     # What ranks do together: nothing, with one (ranks.py)
@@ -440,14 +428,10 @@ class Run:
 
     def _summarize(self, status: str) -> dict[str, Any]:
         on_disk = (self.dir / "checkpoint.pt").exists()
-        summary = {
-            "script": self.script,
-            "status": status,
-            **self.progress.figures(),
-            "checkpoint": str(self.dir / "checkpoint.pt") if on_disk else None,
-            "checkpoint_iteration": self.on_disk if on_disk else None,
-            "layout": self.envs.layout if self.envs is not None else None,
-        }
+        summary = {"script": self.script, "status": status, **self.progress.figures()}
+        summary["checkpoint"] = str(self.dir / "checkpoint.pt") if on_disk else None
+        summary["checkpoint_iteration"] = self.on_disk if on_disk else None
+        summary["layout"] = self.envs.layout if self.envs is not None else None
         try:
             records.write_json(self.dir / "summary.json", summary)
         except OSError as exc:
@@ -459,31 +443,32 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """summary.json, and the closing line `cli` prints last."""
-        summary, mean = self._summarize(status), self.progress.mean_return()
+        """summary.json, the closing line `cli` prints last, and the folder let go (.lock removed). A run
+        stopped while it evaluates its last checkpoint is done: nothing is left to train."""
+        trained = self.on_disk == self.num_iterations
+        if trained and status != "done":
+            status = f"done (its evaluation: {status})"
+        summary, mean = self._summarize(status.split(" (")[0]), self.progress.mean_return()
         line = (
             f"{self.script}: {status}: {summary['global_step']} of {summary['last_step']} steps in "
-            f"{records.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
+            f"{progress.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
             f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard --logdir "
             f"{self.dir.parent})"
         )
-        # a run stopped while evaluating its last checkpoint has nothing left to train
         if summary["checkpoint"]:
-            trained = summary["checkpoint_iteration"] == self.num_iterations
-            again = (
-                "torchrun <the same torchrun options>" if self.world_size > 1 and not trained else "python"
-            )
-            how = "evaluate with" if trained else "continue with"
+            again = "python" if trained or self.world_size == 1 else "torchrun <the same torchrun options>"
+            how = "evaluate with: " if trained else "continue with: "
             flag = "--eval-checkpoint" if trained else "--resume"
-            line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
+            line += f"; {how}{again} {sys.argv[0]} {flag} {summary['checkpoint']}"
+        (self.dir / records.LOCK).unlink(missing_ok=True)  # (held still: let go as the process ends)
         _closing_lines.append((line, status != "done"))
 
     @classmethod
     def cli(cls, main: Callable[[Any], Any], args_type: type, doc: str) -> None:
-        """Parses args_type from the command line (--help opens with the first two paragraphs of
-        `doc`), runs main(args) with SIGINT and SIGTERM as stop requests, and exits with the status
-        its outcome calls for, after the closing line. Under torchrun every failing rank says why,
-        with its rank; rank 0 alone says a stop."""
+        """Parses args_type from the command line (--help opens with the first two paragraphs of `doc`),
+        runs main(args) with SIGINT and SIGTERM as stop requests, and exits with the status its outcome
+        calls for, after the closing line. Under torchrun every failing rank says why, with its rank;
+        rank 0 alone says a stop."""
         import tyro
 
         script = Path(sys.argv[0]).name
@@ -495,8 +480,7 @@ class Run:
                 print(f"{me}: {message}", file=sys.stderr, flush=True)
             for line, to_stderr in _closing_lines:
                 print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
-            # the run is over: a launcher's forwarded signal must not end the exit itself
-            stops.request.ignore()
+            stops.request.ignore()  # the run is over: a launcher's forwarded signal must not end the exit
             sys.exit(status)
 
         stops.request.install()
@@ -505,17 +489,15 @@ class Run:
             flags.check_bool_values(args_type, sys.argv[1:])
             try:
                 args = tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2]))
-            # --help (tyro exits), maybe into `| head`, gone since
-            except (SystemExit, BrokenPipeError) as exc:
-                try:
+            except (SystemExit, BrokenPipeError) as exc:  # --help (tyro exits), maybe into `| head`
+                with contextlib.suppress(BrokenPipeError):
                     sys.stdout.flush()
-                    gone = isinstance(exc, BrokenPipeError)
-                except BrokenPipeError:
-                    gone = True
-                # the reader left: what it did not read goes nowhere, and the exit does not complain
-                if gone:
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                raise SystemExit(0) if gone else exc from None
+                    if not isinstance(exc, BrokenPipeError):
+                        raise
+                os.dup2(
+                    os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+                )  # the reader left: no complaint
+                raise SystemExit(0) from None
             main(args)
         except Finished as exc:
             if rank == 0:
@@ -523,8 +505,7 @@ class Run:
         except FlagError as exc:
             close(2, f"error: {exc}")
         except Stopped as exc:
-            # stopped before training started: nothing else to say
-            if rank == 0 and not _closing_lines:
+            if rank == 0 and not _closing_lines:  # stopped before training started: nothing else to say
                 print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
             close(128 + exc.signum)
         except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
@@ -533,10 +514,6 @@ class Run:
             traceback.print_exc()
             close(1)
         close(0)
-
-
-KEEP_EVERY = 50  # a boundary's state is kept once this many times what keeping it costs has passed
-IMPLICIT = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
 
 
 def _per_rank(obj: Any) -> bool:
@@ -549,18 +526,32 @@ def _copy(state: Any) -> Any:
     deepcopy's time)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
-    if type(state) in (dict, list, tuple) or isinstance(state, dict):
+    if type(state) in (list, tuple) or isinstance(state, dict):
         items = state.items() if isinstance(state, dict) else enumerate(state)
         copied = {key: _copy(value) for key, value in items}
         return copied if isinstance(state, dict) else type(state)(copied.values())
     return copy.deepcopy(state)
 
 
+def _same_file(path: str, other: Path) -> bool:
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
+def _iteration_of(path: Path) -> int | None:
+    """The iteration the checkpoint at `path` holds (None if there is none, or it cannot be read)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iteration"]
+    except Exception:  # noqa: BLE001 - no readable checkpoint there
+        return None
+
+
 def _end_with_launcher() -> None:
-    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this
-    run when its launcher dies (SIGKILL included), so that the run stops through its stop path, and
-    saves, instead of training on alone. A launcher that died while this process was starting is
-    seen by its pid."""
+    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this run
+    when its launcher dies (SIGKILL included), so that it stops through its stop path, and saves,
+    instead of training on alone. A launcher that died while this process was starting is seen by its pid."""
     launcher = os.environ.pop(records.END_WITH_PARENT, "")  # not passed on to what this run starts
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
     if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run import records
-from ..run.records import flag
+from ..run.flags import TOLERATED, flag
 from .runs import Run, asked_of, number
 
 
@@ -18,7 +18,7 @@ def judge(run: Run) -> tuple[Path | None, str | None]:
     folder, made = run.folder(), run.folders()
     if folder is None:
         return None, f"missing; {run.unlike(made[-1])}" if made else "missing"
-    if records.writer(folder) is not None:
+    if records.lock_holder(folder / records.LOCK) is not None:
         return folder, f"still running ({folder.name})"
     summary = records.read_json(folder / "summary.json") or {}
     step, last = number(summary.get("global_step")), number(summary.get("last_step")) or math.inf
@@ -54,7 +54,7 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
         flags = {
             name: value
             for name, value in asked_of(saved).items()
-            if name not in ("env_id", "seed", "exp_name", *records.TOLERATED)
+            if name not in ("env_id", "seed", "exp_name", *TOLERATED)
             and value != saved.get("defaults", {}).get(name)
         }
         seeds_run = ", ".join(str(run.seed) for run, _ in finished)

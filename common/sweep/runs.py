@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..run import records
-from ..run.records import flag
+from ..run import flags, records
+from ..run.flags import flag
 
 
 @dataclasses.dataclass
@@ -73,7 +73,7 @@ class Run:
         if not {"defaults", "given"} <= saved.keys():
             return {"args.json": (None, None)}
         asked = self.asked(saved)
-        found = records.differing(asked, asked_of(saved))
+        found = flags.differing(asked, asked_of(saved))
         # torchrun's ranks: other iterations, and a resume needs as many
         if saved.get("world_size", 1) != 1:
             found["ranks"] = (1, saved["world_size"])
@@ -106,7 +106,11 @@ class Run:
         """True for a folder nobody writes whose start was stopped before it trained (a sweep killed
         in its first seconds): no checkpoint, and step 0 in summary.json (no summary.json: no events
         either). The run starts anew without it."""
-        if folder is None or (folder / "checkpoint.pt").exists() or records.writer(folder) is not None:
+        if (
+            folder is None
+            or (folder / "checkpoint.pt").exists()
+            or records.lock_holder(folder / records.LOCK) is not None
+        ):
             return False
         summary = records.read_json(folder / "summary.json")
         return summary.get("global_step") == 0 if summary else not any(folder.glob("events.*"))
@@ -129,7 +133,7 @@ class Run:
         if folder is None:
             other = self.folders()
             return cmd, f"start (a new run: {self.unlike(other[-1])})" if other else "start"
-        pid = records.writer(folder)
+        pid = records.lock_holder(folder / records.LOCK)
         if pid is not None:
             return [], f"running in process {pid}: skipped"
         if self.untrained(folder):
@@ -171,7 +175,7 @@ def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
     trained = saved.get("total_timesteps")
     if not isinstance(trained, int):
         return "not recorded"
-    if records.scheduled(saved):
+    if flags.scheduled(saved):
         stretched = [
             change
             for resume in saved.get("resumes", [])

@@ -1,0 +1,104 @@
+"""What a run says as it goes: the progress line, the figures of its summary, and the TensorBoard writer
+its numbers go to (mirrored to wandb with --track; ranks other than 0 write nothing)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Progress:
+    """SPS, the progress line (at most every `every` seconds, and for the first and last iterations),
+    and the figures of a summary over every segment of a resumed run (`earlier`: its summary.json)."""
+
+    def __init__(self, last_step: int, first_step: int, speaks: bool, recent: list, earlier: dict, every=2.0):
+        self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
+        self.speaks, self.every, self.logged = speaks, every, False
+        self.recent_returns = collections.deque(recent, maxlen=20)
+        self.start = self.last_print = time.time()
+        earlier = {k: v for k, v in earlier.items() if type(v) in (int, float)}  # (a summary edited by hand)
+        self.earlier_seconds = earlier.get("seconds", 0.0)
+        self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
+
+    def sps(self, global_step: int) -> int:
+        return int((global_step - self.first_step) / max(time.time() - self.start, 1e-9))
+
+    def mean_return(self) -> float | None:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    def line(self, global_step: int, timings: dict[str, float]) -> str:
+        sps, mean = self.sps(global_step), self.mean_return()
+        split = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items())
+        eta = hms((self.last_step - global_step) / max(sps, 1))
+        return (
+            f"global_step={global_step}/{self.last_step} SPS={sps} episodic_return="
+            f"{'n/a' if mean is None else f'{mean:.1f}'} (last {len(self.recent_returns)}) elapsed="
+            f"{hms(time.time() - self.start)} ETA={eta} [{split}]"
+        )
+
+    def log(self, writer: Any, global_step: int, episodes: list, restarts: int, timings: dict) -> None:
+        """charts/episodic_return and charts/episodic_length of each episode, charts/SPS,
+        perf/{part}_seconds, charts/worker_restarts; the progress line."""
+        self.global_step = global_step
+        for step, episodic_return, episodic_length in episodes:
+            self.recent_returns.append(float(episodic_return))
+            writer.add_scalar("charts/episodic_return", episodic_return, step)
+            writer.add_scalar("charts/episodic_length", episodic_length, step)
+        writer.add_scalar("charts/SPS", self.sps(global_step), global_step)
+        for name, seconds in timings.items():
+            writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
+        writer.add_scalar("charts/worker_restarts", restarts, global_step)
+        due = not self.logged or time.time() - self.last_print >= self.every or global_step >= self.last_step
+        self.logged = True
+        if self.speaks and due:
+            self.last_print = time.time()
+            print(self.line(global_step, timings), flush=True)
+
+    def figures(self) -> dict[str, Any]:
+        seconds = self.earlier_seconds + time.time() - self.start
+        done = self.global_step - (0 if self.earlier_seconds else self.first_step)  # the steps of that time
+        return {
+            "global_step": self.global_step,
+            "last_step": self.last_step,
+            "seconds": round(seconds, 1),
+            "sps": int(done / max(seconds, 1e-9)),
+            "segments": self.segments,
+            "episodic_return_last_20": self.mean_return(),
+            "episodes_in_that_mean": len(self.recent_returns),
+        }
+
+
+def hms(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class NoWriter:
+    """What ranks other than 0 log to: nothing."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
+    """TensorBoard's writer with the hyperparameters (and wandb with --track); a resumed run's curves go
+    on from `first_step`, without what its stopped part logged after its checkpoint."""
+    if args.track:
+        import wandb
+
+        config = dataclasses.asdict(args)
+        project, entity = args.wandb_project_name, args.wandb_entity
+        wandb.init(project=project, entity=entity, sync_tensorboard=True, config=config, name=run_dir.name)
+    from torch.utils.tensorboard import SummaryWriter
+
+    # max_queue: with the default of 10 events pending, add_scalar waits for the writer thread when full
+    writer = SummaryWriter(str(run_dir), max_queue=1000, purge_step=first_step + 1 if args.resume else None)
+    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer

@@ -218,7 +218,9 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
 def check_spaces(args: Args, action_space: gym.Space) -> None:
     """The flags that depend on the env's spaces, as FlagErrors naming the flag."""
     env = f"--env-id {args.env_id}"
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or len(action_space.shape) > 1:
+    if not isinstance(action_space, gym.spaces.Discrete) and not (
+        isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+    ):
         raise FlagError(f"{env} has action space {action_space}; ppo_vec.py needs Discrete or 1-D Box")
     if args.norm_obs and not isinstance(action_space, gym.spaces.Box):
         raise FlagError(

@@ -474,3 +474,29 @@ class HoldsAnObjectEnv(SavedCounterEnv):
     def __init__(self):
         super().__init__()
         self.world = threading.Lock()
+
+
+class ScalarActionEnv(CounterEnv):
+    """A Box action of shape (): not one ppo_vec.py's policy gives."""
+
+    def __init__(self):
+        super().__init__()
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (), np.float32)
+
+    def step(self, action):
+        return super().step(2)
+
+
+class ScalarBoxObsEnv(CounterEnv):
+    """Observations of shape (): one number."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
+
+    def _obs(self):
+        return np.float32(self.t)
+
+
+gym.register("ScalarAction-v0", entry_point=ScalarActionEnv, max_episode_steps=10)
+gym.register("ScalarBoxObs-v0", entry_point=ScalarBoxObsEnv, max_episode_steps=10)

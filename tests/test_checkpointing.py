@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +21,7 @@ import torch
 from common.run import Run, records
 from common.run import run as run_module
 from common.run.errors import Finished, FlagError, RunError
+from common.run.stops import Stopped
 from common.sweep.runs import parse_flags
 from tests.helpers import REPO
 
@@ -352,3 +355,50 @@ def test_evaluate_counts_whole_episodes_only(tmp_path, monkeypatch):
     run.load(model=model)
     assert run.evaluate(lambda obs: np.zeros(1, np.int64), make_env) == [3.0, 6.0]
     assert torch.equal(model.weight, torch.load(path, weights_only=True)["model"]["weight"])  # loaded from it
+
+
+def resumed(tmp_path, monkeypatch, path) -> None:
+    """Starts a resume of the checkpoint at `path` as this file's main would."""
+    start(
+        run_of(monkeypatch, "--resume", str(path)), model=torch.nn.Linear(2, 1), rng=np.random.default_rng()
+    )
+
+
+def test_the_summary_names_the_checkpoint_on_disk(tmp_path, monkeypatch):
+    """--resume given an older copy of a run's checkpoint, stopped before it saves anything: the
+    summary names the iteration of the checkpoint.pt on disk (what a rerun resumes), not the copy's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    write_checkpoint(tmp_path / "run" / "checkpoint.pt", iteration=8, global_step=256)
+    old = write_checkpoint(tmp_path / "run" / "old.pt", iteration=2, global_step=64)
+    state = {"model": torch.nn.Linear(2, 1), "rng": np.random.default_rng()}
+    with (
+        pytest.raises(Stopped),
+        run_of(monkeypatch, "--resume", old).start(torch.device("cpu"), 10, 32, state),
+    ):
+        raise Stopped(signal.SIGINT)  # as a safe point raises it, before the first boundary
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped by SIGINT" and summary["checkpoint_iteration"] == 8
+
+
+def test_a_resume_of_a_run_that_trained_all_its_iterations_marks_it_done(tmp_path, monkeypatch):
+    """Its summary said stopped (during its final evaluation, by an older version): resumed, nothing is
+    left to do, and the summary says done."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    path = write_checkpoint(tmp_path / "run" / "checkpoint.pt", iteration=10, global_step=320)
+    records.write_json(tmp_path / "run" / "summary.json", {"status": "stopped by SIGINT", "global_step": 320})
+    with pytest.raises(Finished, match="that run finished its 10 iterations already; nothing to do"):
+        resumed(tmp_path, monkeypatch, path)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "done"
+    assert not (tmp_path / "run" / ".lock").exists()
+
+
+def test_an_args_json_edited_out_of_shape_is_one_line_on_resume(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    path = write_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    (tmp_path / "run" / "args.json").write_text(json.dumps({"defaults": {}, "given": [], "resumes": 5}))
+    message = r"args.json is not an args.json a run writes \(edited since\?\): put it back, or remove it to"
+    with pytest.raises(FlagError, match=message):
+        resumed(tmp_path, monkeypatch, path)

@@ -22,7 +22,16 @@ from torch.utils.tensorboard import SummaryWriter
 from common.run import records
 from common.run.errors import FlagError
 from common.sweep import report, runs
-from tests.helpers import REPO, VEC_TINY, alive, only_run_dir, read_scalars, run_command, run_script
+from tests.helpers import (
+    REPO,
+    VEC_TINY,
+    alive,
+    only_run_dir,
+    read_scalars,
+    run_command,
+    run_script,
+    start_training,
+)
 
 VEC = REPO / "ppo_vec.py"
 
@@ -593,3 +602,79 @@ def test_a_custom_env_beside_you_is_found_when_the_script_lives_elsewhere(tmp_pa
         VEC, ["--env-id", "my_module:MyCartPole-v0", *TINY, "--total-timesteps", "128"], tmp_path
     )
     assert out.returncode == 0 and "global_step=128/128" in out.stdout, out.stderr
+
+
+def test_a_finished_run_extended_by_a_resume_that_saved_nothing_is_resumed_not_skipped(tmp_path):
+    """The rerun of a sweep extension killed before its first save: args.json already says the new
+    total, the summary the old end (an older version left it "done"): the run is extended to the steps
+    asked, and no report averages it meanwhile."""
+    flags = {"anneal_lr": False, "total_timesteps": 20480}
+    write_folder(
+        tmp_path / "runs", "CartPole-v1__exp__1__1", steps_per_iteration=1024, global_step=10240, **flags
+    )
+    run = runs.Run(
+        "s.py", "CartPole-v1", 1, "exp", ["--no-anneal-lr", "--total-timesteps", "20480"], str(tmp_path)
+    )
+    cmd, did = run.command()
+    assert did == "extend (from 10240 to 20480 steps: no schedule spans it)" and "--resume" in cmd
+    assert report.judge(run)[1] == "unfinished: done at 50% (CartPole-v1__exp__1__1)"
+
+
+def test_the_report_names_runs_without_an_episode_and_runs_another_sweep_has(tmp_path):
+    """A run that finished no episode is named, not averaged as nan; a run another sweep is running
+    (started a moment ago: no folder yet) is that, not missing."""
+    quiet = write_folder(tmp_path / "runs", "CartPole-v1__exp__1__1", learning_rate=1e-3)
+    write_events(quiet, [500, 1000], returns=[])
+    (tmp_path / "runs" / "sweep").mkdir()
+    lock = tmp_path / "runs" / "sweep" / "CartPole-v1__exp__2.lock"
+    code = (
+        f"import pathlib; from common.run import records; records.hold(pathlib.Path({str(lock)!r})); input()"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while records.lock_holder(lock) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        flags = ["--learning-rate", "1e-3"]
+        asked = [runs.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2)]
+        text = "\n".join(report.report(asked, tmp_path / "report"))
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert "- CartPole-v1 seed 1: no episode finished (CartPole-v1__exp__1__1)" in text
+    assert f"- CartPole-v1 seed 2: being run by another sweep (process {holder.pid})" in text
+    assert "nan" not in text
+
+
+@pytest.mark.e2e
+def test_a_run_stopped_while_it_evaluates_its_last_checkpoint_is_done(tmp_path):
+    """Ctrl-C to a sweep while its run evaluates its saved model: the run trained every iteration, so
+    it is done (its summary, its closing line) and lets go of its folder; the sweep run again skips it,
+    and its report averages it."""
+    flags = ["--seeds", "1", "--report", "report", "--", *TINY, "--total-timesteps", "256", "--save-model"]
+    sweep = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", "CartPole-v1", *flags]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([*sweep, "--eval-episodes", "1000000"], cwd=tmp_path, env=env, text=True)
+    log, deadline = tmp_path / "runs" / "sweep" / "CartPole-v1__ppo_vec__1.log", time.monotonic() + 120
+    while not (log.exists() and "model saved to" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # the sweep passes it on
+    assert proc.wait(timeout=60) == 130
+    folder = next((tmp_path / "runs").glob("CartPole-v1__*"))
+    assert "ppo_vec.py: done (its evaluation: stopped by SIGINT): 256 of 256 steps" in log.read_text()
+    assert json.loads((folder / "summary.json").read_text())["status"] == "done"
+    assert not (folder / ".lock").exists()
+    out = run_command([*sweep, "--eval-episodes", "1000000"], tmp_path, extra_env={"PYTHONPATH": str(REPO)})
+    assert out.returncode == 0 and "seed 1: finished before: skipped, status done" in out.stdout, out.stdout
+    assert "| CartPole-v1 | 1 | " in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.e2e
+def test_an_extension_killed_before_it_saves_leaves_its_run_unfinished(tmp_path):
+    out = run_script(VEC, [*TINY, "--no-anneal-lr", "--total-timesteps", "256"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    folder = only_run_dir(tmp_path)
+    longer = [*TINY, "--resume", folder / "checkpoint.pt", "--total-timesteps", "2560000"]
+    proc = start_training(VEC, longer, tmp_path)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert json.loads((folder / "summary.json").read_text())["status"] == "running"  # not done: resumed again

@@ -85,6 +85,10 @@ def test_seeds_are_read_as_written():
         (["--timeout-min", "0"], "--timeout-min must be >= 1, got 0"),
         (["--cpus-per-task", "0"], "--cpus-per-task must be >= 1, got 0"),
         (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
+        (
+            ["--seeds", "0-4294967295"],
+            "--seeds 0-4294967295 asks for over 10000 seeds: a sweep takes at most",
+        ),
     ],
 )
 def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, says):
@@ -178,3 +182,35 @@ def test_a_requeued_job_stops_its_run_first(tmp_path):
     again = job.checkpoint(run)
     assert child.returncode == -signal.SIGTERM
     assert job.proc is None and again.args == (run,) and again.function is job
+
+
+def test_a_sweep_says_what_to_install_before_any_run(tmp_path, monkeypatch, capsys):
+    """Its report's curves need matplotlib, SLURM needs submitit: said before any run trains. Its
+    statistics need nothing beyond numpy."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("")
+    monkeypatch.setattr(
+        sweep_main.__globals__["find_spec"].__self__ if False else report, "__name__", report.__name__
+    )
+    monkeypatch.setitem(sweep_main.__globals__, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as ended:
+        sweep_main(["s.py", "--env-ids", "CartPole-v1", "--report", "r"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "matplotlib is not installed: pip install matplotlib" in error
+    monkeypatch.setitem(sys.modules, "scipy", None)  # (import scipy fails)
+    assert report.aggregate([1.0, 2.0, 3.0])["iqm"] == 2.0
+
+
+@pytest.mark.e2e
+def test_the_folder_form_sends_submitit_jobs_from_another_folder(tmp_path):
+    """python path/to/common/sweep, from a folder that does not hold common/: the jobs import it."""
+    cmd = [
+        sys.executable,
+        str(REPO / "common" / "sweep"),
+        str(REPO / "ppo_vec.py"),
+        "--env-ids",
+        "CartPole-v1",
+    ]
+    cmd += ["--executor", "submitit-local", "--", *TINY, "--total-timesteps", "128"]
+    out = run_command(cmd, tmp_path, extra_env={"PYTHONPATH": ""})
+    assert out.returncode == 0 and "CartPole-v1 seed 1: start, exit 0, status done" in out.stdout, out.stdout

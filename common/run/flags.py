@@ -203,7 +203,7 @@ def check_env_id(env_id: str) -> None:
         ) from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        hint = f"; did you mean {' or '.join(close)}?" if close else "."
         hint += "" if module else f" An env your module registers: --env-id your_module:{name}"
         raise FlagError(f"--env-id {env_id!r} is not a registered gymnasium env{hint}")
 

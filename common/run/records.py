@@ -121,16 +121,16 @@ def write_args(
 
 
 def read_args(path: Path) -> dict[str, Any] | None:
-    """args.json as a run wrote it, or None (missing, unreadable, or edited out of shape)."""
+    """args.json as runs write it (what it was asked for: defaults and given), or None (missing,
+    unreadable, or edited out of shape)."""
     record = read_json(path)
     shapes = {"defaults": dict, "given": list, "resumes": list, "world_size": int}
-    if record is None or not all(isinstance(record.get(k), kind) for k, kind in shapes.items()):
+    if record is None or not {"defaults", "given"} <= record.keys():
         return None
-    if all(isinstance(g, str) for g in record["given"]) and all(
-        isinstance(r, dict) for r in record["resumes"]
-    ):
-        return record
-    return None
+    if not all(isinstance(record[k], kind) for k, kind in shapes.items() if k in record):
+        return None
+    items = [*((g, str) for g in record["given"]), *((r, dict) for r in record.get("resumes", []))]
+    return record if all(isinstance(item, kind) for item, kind in items) else None
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:

@@ -1,5 +1,5 @@
-"""python -m common.sweep (from the folder that holds common/), or python path/to/common/sweep (from
-anywhere): see __init__.py beside this file."""
+"""python -m <package>.sweep (from the folder that holds <package>/), or python path/to/<package>/sweep
+(from anywhere): see __init__.py beside this file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 import signal
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 # run as a folder: the package is imported from beside it, under its own name
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     own, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(
         prog=f"python -m {__package__}",
-        description=about.split("\n\n")[0],
+        description="\n\n".join(about.split("\n\n")[:2]).replace("<package>", __package__.rpartition(".")[0]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Flags after -- go to every run.",
     )
     parser.add_argument("script", help="the script to run, e.g. ppo_vec.py")
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     if not Path(args.script).is_file():
         parser.error(f"{args.script}: no such script")
+    needs = {"submitit": args.executor != "local", "matplotlib": args.report or args.report_only}
+    for package in [package for package, needed in needs.items() if needed and not find_spec(package)]:
+        parser.error(f"{package} is not installed: pip install {package} (or the project's [sweep] extra)")
     try:
         chosen = seeds(args.seeds)
     except ValueError as exc:
@@ -70,12 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = outcome["summary"] or {}
             mean = summary.get("episodic_return_last_20")
             shown = f"{mean:.1f}" if isinstance(mean, (int, float)) else "n/a"
-            print(
-                f"{outcome['run']}: {outcome['did']}, exit {outcome['exit']}, status "
-                f"{summary.get('status', '?')}, "
-                f"last-20 return {shown}, {outcome['folder']}",
-                flush=True,
-            )
+            ran = f", exit {outcome['exit']}" if outcome["exit"] is not None else ""
+            status_now = f"status {summary.get('status', '?')}, last-20 return {shown}, {outcome['folder']}"
+            print(f"{outcome['run']}: {outcome['did']}{ran}, {status_now}", flush=True)
             status = status or (outcome["exit"] not in (0, None))
             if summary.get("status") != "done":
                 saved = summary.get("checkpoint_iteration")

@@ -4,36 +4,40 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from ..run import records
 from ..run.flags import TOLERATED, flag
-from .runs import Run, asked_of, number
+from .runs import Run, asked_of, ends_at, number
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:
-    """The run's folder, and why it cannot be averaged (None if it can): missing, running,
-    unfinished, unreadable."""
+    """The run's folder, and why it cannot be averaged (None if it can): missing, running, unfinished,
+    unreadable, or without a finished episode."""
     folder, made = run.folder(), run.folders()
+    sweep = records.lock_holder(Path(run.cwd, "runs", "sweep", f"{run.key}.lock"))
+    if sweep is not None and sweep != os.getpid():
+        return folder, f"being run by another sweep (process {sweep})"
     if folder is None:
         return None, f"missing; {run.unlike(made[-1])}" if made else "missing"
     if records.lock_holder(folder / records.LOCK) is not None:
         return folder, f"still running ({folder.name})"
     summary = records.read_json(folder / "summary.json") or {}
-    step, last = number(summary.get("global_step")), number(summary.get("last_step")) or math.inf
+    step, saved = number(summary.get("global_step")), records.read_args(folder / "args.json") or {}
+    last = ends_at(number(run.asked(saved).get("total_timesteps")), saved) or math.inf
     if summary.get("status") != "done" or step < last:
-        return (
-            folder,
-            f"unfinished: {summary.get('status', 'no summary')} at {100 * step / last:.0f}% ({folder.name})",
-        )
+        status = summary.get("status", "no summary")
+        return folder, f"unfinished: {status} at {100 * step / last:.0f}% ({folder.name})"
     try:
         logged = max((s for s, _ in read_scalars(folder).get("losses/value_loss", [])), default=0)
+        finished = math.isfinite(final_return(folder))
     except Exception as exc:  # noqa: BLE001 - a damaged events file, whatever its damage
         return folder, f"unreadable: {type(exc).__name__} ({folder.name})"
     if logged < step:
         return folder, f"unreadable: its events end at step {logged}, its summary at {step} ({folder.name})"
-    return folder, None
+    return folder, None if finished else f"no episode finished ({folder.name})"
 
 
 def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) -> list[str]:
@@ -67,7 +71,7 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
     lines = [
         f"Runs of {Path(runs[0].script).name} (--exp-name {runs[0].exp_name}), last-20 raw return "
         "of each run; "
-        "mean +- std over seeds, IQM with a 95% percentile bootstrap interval (scipy). Only runs "
+        "mean +- std over seeds, IQM with a 95% percentile bootstrap interval. Only runs "
         "that finished "
         "with the flags asked are averaged.",
         "",
@@ -125,31 +129,32 @@ def final_return(run_dir: Path | str, last: int = 20) -> float:
 
 def aggregate(values: list[float], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
     """Mean, standard deviation and interquartile mean (IQM: the mean of the middle half) over runs,
-    with a percentile bootstrap confidence interval of the IQM over the runs (scipy.stats.bootstrap,
-    a fixed random generator)."""
+    with a percentile bootstrap confidence interval of the IQM over the runs (a fixed generator)."""
     import numpy as np
-    from scipy import stats
 
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     out = {"runs": len(x), "mean": float(np.mean(x)), "std": float(np.std(x, ddof=1)) if len(x) > 1 else 0.0}
-    out["iqm"] = float(stats.trim_mean(x, 0.25))
-    if len(x) > 1 and np.ptp(x) > 0:
-        result = stats.bootstrap(
-            (x,),
-            lambda a, axis: stats.trim_mean(a, 0.25, axis=axis),
-            n_resamples=resamples,
-            confidence_level=confidence,
-            method="percentile",
-            rng=np.random.default_rng(0),
-        )
-        out["iqm_low"], out["iqm_high"] = (
-            float(result.confidence_interval.low),
-            float(result.confidence_interval.high),
-        )
-    else:  # one run, or all alike: nothing to resample
-        out["iqm_low"] = out["iqm_high"] = out["iqm"]
+    out["iqm"] = float(iqm(x))
+    low, high = bootstrap(x, iqm, resamples, confidence)  # (one run, or all alike: the IQM itself)
+    out["iqm_low"], out["iqm_high"] = float(low), float(high)
     return out
+
+
+def iqm(x: Any, axis: int = 0) -> Any:
+    """The interquartile mean along `axis`: the mean of what is left once a quarter is cut at each end."""
+    import numpy as np
+
+    n = x.shape[axis]
+    return np.take(np.sort(x, axis=axis), range(n // 4, n - n // 4), axis=axis).mean(axis=axis)
+
+
+def bootstrap(x: Any, statistic: Any, resamples: int, confidence: float = 0.95) -> tuple[Any, Any]:
+    """The percentile bootstrap interval of statistic(sample, axis=0), samples drawn from the rows of x."""
+    import numpy as np
+
+    draws = statistic(x[np.random.default_rng(0).integers(0, len(x), (resamples, len(x)))], axis=1)
+    return np.quantile(draws, (1 - confidence) / 2, axis=0), np.quantile(draws, (1 + confidence) / 2, axis=0)
 
 
 def markdown_table(rows: dict[str, dict[str, float]], reference: dict[str, str] | None = None) -> list[str]:
@@ -169,7 +174,6 @@ def curve_band(runs: list[Path | str], x: str = "step", points: int = 100, windo
     at each grid point (global step, or wall-clock seconds with x="wall"), then the mean over runs
     and its 95% bootstrap interval."""
     import numpy as np
-    from scipy import stats
 
     curves = []
     for run in runs:
@@ -184,19 +188,7 @@ def curve_band(runs: list[Path | str], x: str = "step", points: int = 100, windo
     grid = np.linspace(max(where[0] for where, _ in curves), end, points)
     values = np.stack([np.interp(grid, where, smooth) for where, smooth in curves])
     mean = values.mean(0)
-    if len(values) > 1:
-        ci = stats.bootstrap(
-            (values,),
-            np.mean,
-            axis=0,
-            confidence_level=0.95,
-            n_resamples=2000,
-            method="percentile",
-            rng=np.random.default_rng(0),
-        ).confidence_interval
-        low, high = np.where(np.isfinite(ci.low), ci.low, mean), np.where(np.isfinite(ci.high), ci.high, mean)
-    else:
-        low = high = mean
+    low, high = bootstrap(values, np.mean, 2000)
     return grid, mean, low, high
 
 

@@ -68,9 +68,8 @@ class Run:
         """{field: (value asked, value the run in `folder` was made with)} for the flags that change
         results, its --total-timesteps included where it keeps that run from becoming the one asked
         (other_length)."""
-        saved = records.read_json(folder / "args.json") or {}
-        # none, or one written before runs recorded what was asked
-        if not {"defaults", "given"} <= saved.keys():
+        saved = records.read_args(folder / "args.json")
+        if saved is None:  # none, one of an older version, or one edited out of shape
             return {"args.json": (None, None)}
         asked = self.asked(saved)
         found = flags.differing(asked, asked_of(saved))
@@ -142,17 +141,15 @@ class Run:
             return cmd, "start (a new run: its earlier start logged but saved nothing)"
         summary, saved = (
             records.read_json(folder / "summary.json") or {},
-            records.read_json(folder / "args.json"),
+            records.read_args(folder / "args.json"),
         )
-        total, trained = self.asked(saved).get("total_timesteps"), number(saved.get("total_timesteps"))
+        total, reached = self.asked(saved).get("total_timesteps"), number(summary.get("global_step"))
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
             return resume, "resume"
-        if total is None or ends_at(total, saved) <= ends_at(trained, saved):
-            # its iterations are those asked: other_length let no fewer pass
+        if total is None or ends_at(total, saved) <= reached:  # its steps are those asked (other_length)
             return [], "finished before: skipped"
-        steps = (ends_at(trained, saved), ends_at(total, saved))
-        return resume, f"extend (from {steps[0]} to {steps[1]} steps: no schedule spans it)"
+        return resume, f"extend (from {reached} to {ends_at(total, saved)} steps: no schedule spans it)"
 
 
 def number(value: Any) -> int | float:
@@ -372,18 +369,29 @@ def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is a process of its own
             return list(pool.map(lambda run: RunJob()(run), runs))
     executor = submitit_executor(args)
+    root = str(Path(__file__).resolve().parents[__package__.count(".") + 1])  # the folder this package is in
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH")])
+    )  # jobs import it
     jobs = executor.map_array(RunJob(), runs)
     print(f"submitted {len(jobs)} jobs ({', '.join(job.job_id for job in jobs[:3])}...)", flush=True)
     return [job.result() for job in jobs]
 
 
+MAX_RUNS = 10_000  # seeds a sweep takes at most (a range such as 0-4294967295 is a typo)
+
+
 def seeds(spec: list[str]) -> list[int]:
-    """Seeds as given: 1 2 3, or ranges 1-10; ValueError naming an item that is neither."""
-    found = []
+    """Seeds as given: 1 2 3, or ranges 1-10; ValueError naming an item that is neither, or too many."""
+    found: list[int] = []
     for item in spec:
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", item, re.ASCII)
         lo, hi = (int(match[1]), int(match[2] or match[1])) if match else (1, 0)
         if not lo <= hi < 2**32:
             raise ValueError(f"--seeds {item}: write seeds in [0, 2**32), or ranges low-high such as 1-10")
-        found += list(range(lo, hi + 1))
+        if len(found) + hi - lo + 1 > MAX_RUNS:
+            raise ValueError(
+                f"--seeds {' '.join(spec)} asks for over {MAX_RUNS} seeds: a sweep takes at most that"
+            )
+        found += range(lo, hi + 1)
     return found

@@ -113,7 +113,8 @@ class Args:
     max_restarts: int = 0
     """times a crashed, raising or stuck env worker may be replaced (its episodes end truncated)"""
     step_timeout: float | None = None
-    """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each wait)"""
+    """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each
+    wait)"""
     num_threads: int = 1
     """torch CPU threads (a 64-unit MLP gains nothing from more; the env workers need the cores)"""
 
@@ -235,7 +236,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     obs_space, action_space = run.probe(make_env)  # env 0, built in a process of its own
     check_spaces(args, action_space)
     continuous = isinstance(action_space, gym.spaces.Box)
-    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs  # args.json says what ran
+    # args.json says what ran
+    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.num_threads)
     batch_size = args.num_envs * args.num_steps
@@ -253,7 +255,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     def to_torch(array):  # shares memory on CPU, one copy to a GPU
         return torch.from_numpy(array).to(device)
 
-    def greedy(obs):  # the policy evaluated: observations normalized as in training, statistics frozen
+    # the policy evaluated: observations normalized as in training, statistics frozen
+    def greedy(obs):
         with torch.inference_mode():
             out, _ = agent.get_policy(to_torch(normalize_obs(obs, update=False)))
         return (out if continuous else out.argmax(-1)).cpu().numpy()
@@ -262,7 +265,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         run.load(model=agent, obs_normalizer=normalize_obs)
         return run.evaluate(greedy, make_env)
 
-    # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight for weight
+    # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight
+    # for weight
     state = {
         "model": agent,
         "optimizer": optimizer,
@@ -331,7 +335,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(batch_size)
                 for start in range(0, batch_size, minibatch_size):
-                    run.stop_if_asked()  # a stop ends the run here, and saves the last iteration boundary
+                    # a stop ends the run here, and saves the last iteration boundary
+                    run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + minibatch_size])
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                         b_obs[mb_inds], b_actions[mb_inds]
@@ -391,7 +396,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             inference = update_start - rollout_start - env_time
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
+        # CleanRL's file was saved at the end: evaluate it
+        if args.save_model and args.eval_episodes:
             run.evaluate(greedy, make_env)
 
 

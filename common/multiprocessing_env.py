@@ -1,6 +1,6 @@
 """SubprocVecEnv: a gymnasium VectorEnv whose envs step in Pipe-connected worker processes (or in
 the calling process, where that is safe and faster), with SyncVectorEnv(autoreset_mode=SAME_STEP)'s
-results. Its parts are in vecenv/.
+results. Its parts are in vecenv/ (vecenv/worker.py: the protocol, and the life of a step).
 
     envs = SubprocVecEnv([lambda: gym.make("CartPole-v1") for _ in range(8)])
     obs, infos = envs.reset(seed=1)  # env i is seeded with 1 + i
@@ -9,7 +9,6 @@ results. Its parts are in vecenv/.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import multiprocessing as mp
@@ -21,24 +20,19 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from .vecenv import env_state, layout, process_control, shared_block
-from .vecenv.env_hosts import InProcessPool, WorkerError, WorkerPool, WorkerTimeout, first_failure
-from .vecenv.layout import ProbeFailed
+from .vecenv.errors import WorkerError, WorkerTimeout, first_failure
+from .vecenv.pools import InProcessPool, WorkerPool
 from .vecenv.worker import Command
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout"]
 
 _log = logging.getLogger(__name__)
-# seconds a worker polls for its next command, while commands come within it (worker_spin)
+# seconds a worker polls for its next command while commands come within it (worker_spin)
 DEFAULT_SPIN = 0.02
-
-
-class AsyncState(enum.Enum):
-    DEFAULT = "default"
-    WAITING_RESET = "reset"
-    WAITING_STEP = "step"
 
 
 class SubprocVecEnv(VectorEnv):
@@ -51,11 +45,10 @@ class SubprocVecEnv(VectorEnv):
 
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
-        num_workers: worker processes; 0: every env in this process; None: decided by a probe
-            process (`layout` says where and why): this process only for gymnasium's own pure-Python
-            envs too cheap to gain from workers.
-        envs_per_worker: envs stepped by each worker per round trip (instead of num_workers).
-        context: multiprocessing start method: "forkserver" (default where available), "spawn" or
+        num_workers: worker processes, each stepping an equal share of the envs; 0: every env in
+            this process; None: decided by a probe process (`layout` says where and why): this
+            process only for gymnasium's own pure-Python envs too cheap to gain from workers.
+        context: multiprocessing start method: "forkserver" (default where available), "spawn",
             "fork".
         shared_memory: keep observations in shared memory (spaces that cannot live there go over the
             pipe anyway).
@@ -80,7 +73,6 @@ class SubprocVecEnv(VectorEnv):
         env_fns: Sequence[Callable[[], gym.Env]],
         *,
         num_workers: int | None = None,
-        envs_per_worker: int | None = None,
         context: str | None = None,
         shared_memory: bool = True,
         max_restarts: int = 0,
@@ -94,7 +86,7 @@ class SubprocVecEnv(VectorEnv):
         super().__init__()
         env_fns = list(env_fns)
         seconds = {"step_timeout": step_timeout, "max_wait": max_wait, "close_timeout": close_timeout}
-        check_arguments(env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds)
+        check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds)
         self.num_envs = n = len(env_fns)
         self.max_restarts, self.restarts, self.step_timeout = max_restarts, 0, step_timeout
         self.max_wait, self.close_timeout = max_wait, close_timeout
@@ -107,30 +99,19 @@ class SubprocVecEnv(VectorEnv):
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
 
-        # Where the envs step: as asked, workers when steps must be bounded or restarted, else
-        # decided by a probe
         cores = process_control.cores()
-        workers, figures = min(cores, n) if num_workers is None else min(num_workers, n), {}
-        if envs_per_worker is not None:
-            workers = -(-n // envs_per_worker)
-        elif num_workers is None and step_timeout is None and not max_restarts:
-            failure = None
-            if probe is None:
-                try:
-                    probe = layout.probe(env_fns[-1], self._bound, n - 1, interrupt=interrupt)
-                except ProbeFailed as exc:
-                    failure = exc
-            workers, figures = layout.decide(probe, n, cores)
-            if failure is not None:
-                figures["why"] = f"the probe env failed ({failure}); {figures['why']}"
-        self.envs_per_worker = envs_per_worker or (-(-n // workers) if workers else n)
-        slices = [slice(lo, min(lo + self.envs_per_worker, n)) for lo in range(0, n, self.envs_per_worker)]
+        # (steps bounded or restarted: in workers)
+        bounded = step_timeout is not None or max_restarts > 0
+        probing = {"bound": self._bound, "interrupt": interrupt}
+        workers, basis = layout.choose(env_fns, num_workers, bounded, cores, probe, **probing)
+        per_worker = -(-n // workers) if workers else n
+        slices = [slice(lo, min(lo + per_worker, n)) for lo in range(0, n, per_worker)]
         self.num_workers = len(slices) if workers else 0
-        # a polling worker would take a busy core
-        default_spin = DEFAULT_SPIN if self.num_workers <= cores else 0.0
-        self.worker_spin = (default_spin if worker_spin is None else worker_spin) if workers else 0.0
-        self.step_seconds = figures.get("step")
-        self.layout = layout.describe(n, self.num_workers, figures)
+        spin = (DEFAULT_SPIN if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
+        self.worker_spin = spin if workers else 0.0  # (a polling worker would take a busy core)
+        # the probe's CPU seconds for a step (None: not timed)
+        self.step_seconds = basis.get("step")
+        self.layout = layout.describe(n, self.num_workers, basis)
         # "8 envs in this process", "8 envs in 2 worker processes"
         self.placement = self.layout.split(" (")[0]
 
@@ -140,22 +121,20 @@ class SubprocVecEnv(VectorEnv):
                 self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt)
             else:
                 self._pool = InProcessPool(env_fns, interrupt)
-            self._set_spaces(*self._pool.hello(self._bound), shared_memory)
+            self._set_spaces(*self._pool.describe_envs(self._bound), shared_memory)
         except BaseException:
             self.close(timeout=1.0)
             raise
 
-    # -----------------------------------------------------------------------------------------------
     # reset
+    # ------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
-        """Resets every env (or those in `options["reset_mask"]`); an int seed gives env i the seed
-        `seed + i`."""
+        """Resets every env (or those in `options["reset_mask"]`); an int seed gives env i `seed
+        + i`."""
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
 
-    def reset_async(
-        self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
-    ) -> None:
+    def reset_async(self, seed: int | list[int | None] | None = None, options: dict | None = None) -> None:
         self._check_usable("reset_async")
         if seed is None:
             seed = [None] * self.num_envs
@@ -190,8 +169,8 @@ class SubprocVecEnv(VectorEnv):
         self._last_obs = self._observations()
         return self._last_obs, infos
 
-    # ------------------------------------------------------------------------------------------------
     # step
+    # -------------------------------------------------------------------------------------------
     def step(self, actions):
         self.step_async(actions)
         return self.step_wait()
@@ -205,14 +184,12 @@ class SubprocVecEnv(VectorEnv):
                 raise TypeError(
                     f"step() needs one action per env ({self.num_envs}), got the scalar {actions}"
                 )
-            if actions.shape[:1] != (self.num_envs,):
-                raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
         else:
             actions = list(iterate(self.action_space, actions))
-            if len(actions) != self.num_envs:
-                raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
-        # Same dtype and shape: written once into shared memory. Anything else goes pickled, exactly
-        # as given.
+        if len(actions) != self.num_envs:
+            raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
+        # Same dtype and shape: written once into shared memory. Anything else goes pickled, as
+        # given.
         in_shm = self._actions_in_shm and actions.dtype == act.dtype and actions.shape == act.shape
         if in_shm:
             act[...] = actions
@@ -222,9 +199,9 @@ class SubprocVecEnv(VectorEnv):
 
     def step_wait(self, timeout: float | None = None):
         """Waits for the step sent by `step_async`; past `timeout` (default: the bound) a
-        WorkerTimeout names the slow envs, unless the restart budget allows replacing their workers.
-        A replaced worker's envs report truncated=True, reward 0, `final_obs` = the last observation
-        returned, and `infos["worker_restart"]` True."""
+        WorkerTimeout names the slow envs, unless the restart budget allows replacing their
+        workers. A replaced worker's envs report truncated=True, reward 0, `final_obs` = the last
+        observation returned, and `infos["worker_restart"]` True."""
         self._check_waiting(AsyncState.WAITING_STEP)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
@@ -249,27 +226,23 @@ class SubprocVecEnv(VectorEnv):
                 infos = self._add_info(infos, info, sl.start + k)
             self._store_obs(w, obs_list)
         self._last_obs = self._observations()
-        views = self._views
-        return (
-            self._last_obs,
-            views["rewards"].copy(),
-            views["terminations"].copy(),
-            views["truncations"].copy(),
-            infos,
+        rewards, terminations, truncations = (
+            self._views[k].copy() for k in ("rewards", "terminations", "truncations")
         )
+        return self._last_obs, rewards, terminations, truncations, infos
 
-    # ------------------------------------------------------------------------------------ call,
-    # attributes, states
+    # call, attributes, states
+    # -----------------------------------------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result per
-        env."""
+        """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result
+        per env."""
         return tuple(self._command("call", Command.CALL, lambda sl: (name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        """Sets attribute `name` on every env: one value each from a list/tuple, else the same value
+        """Sets attribute `name` on every env: one value each from a list/tuple, else the same
         for all."""
         self._check_usable("set_attr")
         if not isinstance(values, (list, tuple)):
@@ -279,26 +252,23 @@ class SubprocVecEnv(VectorEnv):
         self._command("set_attr", Command.SET_ATTR, lambda sl: (name, list(values[sl])))
 
     def save_env_states(self) -> dict | None:
-        """Every env's state and the last observations, as data for a checkpoint (vecenv/env_state.py);
-        None if some env cannot be saved. Not ended by the interrupt: a snapshot is whole or none."""
+        """Every env's state and the last observations, as data for a checkpoint
+        (vecenv/env_state.py); None if some env cannot be saved. Not ended by the interrupt: a
+        snapshot is whole or none."""
         states = self._command("save_env_states", Command.SAVE_STATES, lambda sl: None, interruptible=False)
-        if any(state is None for state in states):
-            return None
-        return {"envs": states, "obs": env_state.value(self._last_obs)}
+        return None if None in states else {"envs": states, "obs": env_state.value(self._last_obs)}
 
     def load_env_states(self, saved: dict) -> Any:
         """Sets the states `save_env_states` took onto these envs (built by the same env_fns) and
-        returns the last observations; nothing in `saved` runs code. ValueError saying why if they do
-        not fit: the envs that did not take theirs are as they were, so reset them all then."""
+        returns the last observations; nothing in `saved` runs code. ValueError saying why if
+        they do not fit: an env that did not take its state is as it was, so reset them all then."""
+        views = self._views["obs"]
         try:
-            obs = env_state.decoded(saved["obs"])
-            states = list(saved["envs"])
+            obs, states = env_state.decoded(saved["obs"]), list(saved["envs"])
             if len(states) != self.num_envs:
                 raise ValueError(f"{len(states)} states for {self.num_envs} envs")
-            if self._obs_in_shm and (
-                np.shape(obs) != self._views["obs"].shape or obs.dtype != self._views["obs"].dtype
-            ):
-                raise ValueError(f"observations of shape {np.shape(obs)} for {self._views['obs'].shape}")
+            if self._obs_in_shm and (np.shape(obs) != views.shape or obs.dtype != views.dtype):
+                raise ValueError(f"observations of shape {np.shape(obs)} for {views.shape}")
             env_obs = None if self._obs_in_shm else list(iterate(self.observation_space, obs))
         except Exception as exc:  # noqa: BLE001 - data from a file that is not these envs' states
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
@@ -306,11 +276,11 @@ class SubprocVecEnv(VectorEnv):
         failed = [f"env {i}: {why}" for i, why in enumerate(reasons) if why is not None]
         if failed:
             raise ValueError(failed[0] + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
-        self._last_obs = obs
         if self._obs_in_shm:
-            self._views["obs"][...] = obs
+            views[...] = obs
         else:
             self._env_obs = env_obs
+        self._last_obs = obs
         return obs
 
     def render(self) -> tuple[Any, ...]:
@@ -329,21 +299,20 @@ class SubprocVecEnv(VectorEnv):
         """Process ids of the live workers, in worker order (none in the in-process layout)."""
         return list(self._pool.pids) if isinstance(self._pool, WorkerPool) else []
 
-    # -----------------------------------------------------------------------------------------------
     # close
+    # ------------------------------------------------------------------------------------------
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
-        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0 with
-        terminate), then kills them and the processes their envs started. Replies under way get up
-        to that long to arrive, so that no worker is left writing one."""
+        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0
+        with terminate), then kills them and the processes their envs started. Replies under way
+        get up to that long to arrive, so that no worker is left writing one."""
         timeout = 0.0 if terminate else self.close_timeout if timeout is None else timeout
         if self._pool is None:
             return
         if self._state is not AsyncState.DEFAULT and not self._closing_on_exception:
-            warnings.warn(
-                f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.",
-                UserWarning,
-                stacklevel=3,
+            pending = (
+                f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
             )
+            warnings.warn(pending, UserWarning, stacklevel=3)
         self._pool.drain(timeout)
         self._state = AsyncState.DEFAULT
         self._pool.close(timeout)
@@ -355,11 +324,11 @@ class SubprocVecEnv(VectorEnv):
         self._closing_on_exception = exc_info[0] is not None
         self.close()
 
-    # ----------------------------------------------------------------------------------------------
     # private
+    # ----------------------------------------------------------------------------------------
     def _command(self, name: str, command: Command, arg_of: Callable, interruptible: bool = True) -> list:
-        """Sends `command` to every worker, with arg_of(its slice of the envs), and returns the
-        results env by env."""
+        """Sends `command` to every worker, with arg_of(its slice of the envs); the results env
+        by env."""
         self._check_usable(name)
         for w, sl in enumerate(self._pool.slices):
             self._pool.send(w, command, arg_of(sl))
@@ -370,20 +339,21 @@ class SubprocVecEnv(VectorEnv):
         return [result for reply in replies if reply is not None for result in reply]
 
     def _set_spaces(self, spaces: list, metadata: dict, render_mode: str | None, shared_memory: bool) -> None:
-        """Spaces and metadata from env 0, every env checked against them; then the shared block, in
-        every worker."""
+        """Spaces and metadata from env 0, every env checked against them; then the shared block,
+        in every worker."""
         self.single_observation_space, self.single_action_space = spaces[0]
         self._check_spaces(0, spaces)
         self.observation_space = batch_space(spaces[0][0], self.num_envs)
         self.action_space = batch_space(spaces[0][1], self.num_envs)
         self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
         self.render_mode = render_mode
+        obs_space, act_space = self.single_observation_space, self.single_action_space
         fields, self._obs_in_shm, self._actions_in_shm = shared_block.block_fields(
-            self.num_envs, self.single_observation_space, self.single_action_space, shared_memory
+            self.num_envs, obs_space, act_space, shared_memory
         )
-        placed, size = shared_block.layout(fields)
+        offsets, size = shared_block.layout(fields)
         self._views = shared_block.views(
-            self._pool.attach(size, placed, self._obs_in_shm, self._bound), placed
+            self._pool.attach(size, offsets, self._obs_in_shm, self._bound), offsets
         )
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
 
@@ -399,20 +369,15 @@ class SubprocVecEnv(VectorEnv):
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{name}() was called after close(); build a new one")
         if self._failed is not None:
+            failed = self._failed
+            message = f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
             raise WorkerError(
-                f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. The "
-                f"failure was: {self._failed}",
-                self._failed.env_indices,
-                name,
-                self._failed.exitcode,
+                message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode
             )
         if self._state is not AsyncState.DEFAULT:
             waiting = self._state.value
-            raise AlreadyPendingCallError(
-                f"Calling `{name}` while waiting for a pending call to `{waiting}` to "
-                f"complete; call {waiting}_wait() first",
-                waiting,
-            )
+            message = f"Calling `{name}` while waiting for a pending call to `{waiting}` to complete"
+            raise AlreadyPendingCallError(f"{message}; call {waiting}_wait() first", waiting)
 
     def _check_waiting(self, state: AsyncState) -> None:
         if self.closed:
@@ -420,35 +385,33 @@ class SubprocVecEnv(VectorEnv):
                 f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew"
             )
         if self._state is not state:
-            raise NoAsyncCallError(
-                f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`.", state.value
-            )
+            message = f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`."
+            raise NoAsyncCallError(message, state.value)
 
     def _raise(self, failures: dict[int, Exception]) -> None:
         """Raises the failure of the lowest env index. A worker that failed leaves this vec env
-        unusable; one that was only slow can still be waited for, if nothing else failed."""
-        errors = sorted(failures.values(), key=lambda e: e.env_indices)
-        worker_errors = [e for e in errors if isinstance(e, WorkerError)]
+        unusable; one that was only slow can still be waited for, if nothing else failed (said in
+        a note)."""
         error = first_failure(failures)
+        worker_errors = [e for e in failures.values() if isinstance(e, WorkerError)]
         if worker_errors:
-            self._failed, self._state = worker_errors[0], AsyncState.DEFAULT
-        elif self._state is not AsyncState.DEFAULT:
-            error.args = (
-                f"{error.args[0]}; call {self._state.value}_wait() again to keep waiting, or close()",
-            )
+            self._failed, self._state = min(worker_errors, key=lambda e: e.env_indices), AsyncState.DEFAULT
+        elif self._state is not AsyncState.DEFAULT and hasattr(error, "add_note"):
+            error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
         raise error
 
     def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
         """Replaces the failed workers, together, and resets their envs; returns each one's reset
-        reply. A rebuild that fails, or does not answer within the bound, uses up another restart,
-        until the budget is spent."""
+        reply. A rebuild that fails, or does not answer within the bound, uses up another
+        restart, until the budget is spent."""
         replies: dict[int, tuple] = {}
         while failures:
             for w, error in sorted(failures.items()):
                 self.restarts += 1
+                first_line = str(error).splitlines()[0]
                 _log.warning(
                     f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
-                    f"{self.restarts} of {self.max_restarts}: {str(error).splitlines()[0]}"
+                    f"{self.restarts} of {self.max_restarts}: {first_line}"
                 )
             rebuilt, failures = self._pool.restart(sorted(failures), self._bound, self._check_spaces)
             replies.update(rebuilt)
@@ -461,12 +424,9 @@ class SubprocVecEnv(VectorEnv):
         worker_restart."""
         obs_list, reset_infos = reply
         sl = self._pool.slices[w]
+        views = self._views
         for i in range(sl.start, sl.stop):
-            self._views["rewards"][i], self._views["terminations"][i], self._views["truncations"][i] = (
-                0.0,
-                False,
-                True,
-            )
+            views["rewards"][i], views["terminations"][i], views["truncations"][i] = 0.0, False, True
             infos = self._add_info(
                 infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i
             )
@@ -475,8 +435,8 @@ class SubprocVecEnv(VectorEnv):
         return infos
 
     def _store_obs(self, w: int, obs_list: list | None) -> None:
-        """Observations that came over the pipe (spaces shared memory cannot hold); None where none
-        was sent."""
+        """Observations that came over the pipe (spaces shared memory cannot hold); None where
+        none was sent."""
         for k, obs in enumerate(obs_list or []):
             if obs is not None:
                 self._env_obs[self._pool.slices[w].start + k] = obs
@@ -484,23 +444,17 @@ class SubprocVecEnv(VectorEnv):
     def _observations(self):
         if self._obs_in_shm:
             return self._views["obs"].copy()
-        # a fresh batch each time
+        # a fresh batch
         out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
         return concatenate(self.single_observation_space, self._env_obs, out)
 
 
-def check_arguments(
-    env_fns, num_workers, envs_per_worker, context, max_restarts, worker_spin, seconds
-) -> None:
+def check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds) -> None:
     """ValueError for any argument of SubprocVecEnv that cannot work, naming it."""
     if not env_fns or not all(callable(fn) for fn in env_fns):
         raise ValueError("env_fns must be a non-empty sequence of zero-argument callables that build an env")
     if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
         raise ValueError(f"num_workers must be an int >= 0 (0: in this process) or None, got {num_workers!r}")
-    if envs_per_worker is not None and (not isinstance(envs_per_worker, int) or envs_per_worker < 1):
-        raise ValueError(f"envs_per_worker must be a positive int (or None), got {envs_per_worker!r}")
-    if num_workers is not None and envs_per_worker is not None:
-        raise ValueError("give num_workers or envs_per_worker, not both")
     if context is not None and context not in mp.get_all_start_methods():
         raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
     if max_restarts < 0:
@@ -519,8 +473,8 @@ def check_layout(num_workers: int | None, step_timeout: float | None, max_restar
     spelling)."""
     if num_workers == 0 and (step_timeout is not None or max_restarts):
         raise ValueError(
-            f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither "
-            f"bounded nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
+            f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither bounded "
+            f"nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
             f"{spell('num_workers')} >= 1"
         )
 

@@ -500,3 +500,13 @@ class ScalarBoxObsEnv(CounterEnv):
 
 gym.register("ScalarAction-v0", entry_point=ScalarActionEnv, max_episode_steps=10)
 gym.register("ScalarBoxObs-v0", entry_point=ScalarBoxObsEnv, max_episode_steps=10)
+
+
+class NoneInfoEnv(CounterEnv):
+    """Its reset returns (obs, None): an env bug, not the old gym API."""
+
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed)[0], None
+
+
+gym.register("NoneInfo-v0", entry_point=NoneInfoEnv, max_episode_steps=10)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from common.multiprocessing_env import SubprocVecEnv, WorkerError, WorkerTimeout
-from common.vecenv import env_hosts, layout, process_control
+from common.vecenv import layout, pools, process_control
 from tests.envs import FailsLater, FaultyEnv, LargeObsEnv, RecordsWhereEnv, SlowToSampleEnv, failing_factory
 from tests.helpers import REPO, alive, descendants, descendants_with_helpers_running
 
@@ -168,13 +168,13 @@ def test_an_env_the_probe_cannot_build_fails_in_the_workers_with_its_own_error()
 def test_a_worker_that_starts_and_fails_in_one_breath_is_named(monkeypatch):
     """This process wakes late (a loaded machine): a worker's "started" and its build's error are
     read together."""
-    wait = env_hosts.WorkerPool._wait_for_events
+    wait = pools.WorkerPool._wait_for_events
 
     def late(self, deadline, spin):
         time.sleep(0.3)
         return wait(self, deadline, spin)
 
-    monkeypatch.setattr(env_hosts.WorkerPool, "_wait_for_events", late)
+    monkeypatch.setattr(pools.WorkerPool, "_wait_for_events", late)
     with pytest.raises(WorkerError, match="env [01] raised RuntimeError: factory refused to build the env"):
         SubprocVecEnv([failing_factory] * 2, num_workers=2)
 
@@ -215,8 +215,10 @@ def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path, body, co
         "you have forgotten to use the proper idiom" in out.stderr
         and "if __name__ == '__main__':" in out.stderr
     )
-    assert (
-        out.stderr.strip().splitlines()[-2].startswith("common.vecenv.env_hosts.WorkerError: worker 0 (pid")
+    last = out.stderr.strip().splitlines()[-2]  # (the last: "envs [1] failed too")
+    assert last.startswith("common.vecenv.errors.WorkerError: worker 0 (pid") and last.endswith(
+        f"during 'start'; {script} has no `if __name__ == \"__main__\":` and worker processes start by "
+        "importing it: put the code that builds the envs under that line (docs/vecenv.md)"
     )
 
 

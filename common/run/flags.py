@@ -1,6 +1,6 @@
-"""A run's flags: what a run is (the flags that change what it learns), and the checks both scripts'
-flags get before anything starts, each a FlagError naming the flag and what it allows. Also the env id,
-and the env built once in a probe process (vecenv/layout.py)."""
+"""A run's flags: what a run is (the flags that change what it learns), and the checks both
+scripts' flags get before anything starts, each a FlagError naming the flag and what it allows.
+Also the env id, and the env built once in a probe process (vecenv/layout.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def scheduled(flags: dict[str, Any]) -> bool:
 
 
 def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
-    """The fields of args_type the command line gives (--norm-obs and --no-norm-obs both give norm_obs)."""
+    """The fields of args_type the command line gives (--norm-obs and --no-norm-obs both give
+    norm_obs)."""
     spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
     spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
     words = (word.split("=", 1)[0] for word in (sys.argv[1:] if argv is None else argv))
@@ -113,13 +114,15 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("num_workers", lambda v: v is None or v >= 0, ">= 0 (0: the envs step in the trainer) or unset"),
     ("max_restarts", lambda v: v >= 0, ">= 0"),
     ("step_timeout", lambda v: v is None or 0 < v <= 604800, "in (0, 604800] seconds, a week (or unset)"),
-    ("num_threads", lambda v: v is None or 1 <= v <= 1024, "in [1, 1024]"),  # torch crashes making 100000
+    # torch crashes making 100000
+    ("num_threads", lambda v: v is None or 1 <= v <= 1024, "in [1, 1024]"),
 ]
 
 
 def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
-    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks
-    a rule of SHARED_FLAGS (for the fields args has) or of the script's own (field, ok, allowed) rules."""
+    """FlagError for the first float flag that is NaN or infinite, then for the first flag that
+    breaks a rule of SHARED_FLAGS (for the fields args has) or of the script's own (field, ok,
+    allowed) rules."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -158,10 +161,11 @@ def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bo
 
 
 def check_bool_values(args_type: type, argv: list[str]) -> None:
-    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling): here
-    they are switches, `--flag` or `--no-flag`."""
+    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling):
+    here they are switches, `--flag` or `--no-flag`."""
     switches = {flag(f.name) for f in dataclasses.fields(args_type) if "bool" in str(f.type)}
-    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):  # each word with the next
+    # each word with the next
+    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
         name = given.split("=", 1)[0]
         if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
             value = given.split("=", 1)[1] if "=" in given else value
@@ -172,21 +176,23 @@ def check_bool_values(args_type: type, argv: list[str]) -> None:
 
 
 def check_installed(args: Any, needs: dict[str, str]) -> None:
-    """FlagError for a flag that is on while the package it needs is missing: needs = {field: package}."""
+    """FlagError for a flag that is on while the package it needs is missing: needs = {field:
+    package}."""
     for name, package in needs.items():
         if getattr(args, name, False) and importlib.util.find_spec(package) is None:
             raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
 
 
 def check_env_id(env_id: str) -> None:
-    """Imports the module of a module:EnvId id and checks the id is registered (naming close matches if
-    not)."""
+    """Imports the module of a module:EnvId id and checks the id is registered (naming close
+    matches if not)."""
     import ale_py
 
     gym.register_envs(ale_py)  # Atari ids are known, so a script can say which ones are for it
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner on every Atari env built
     module, _, name = env_id.rpartition(":")
-    if module and os.getcwd() not in sys.path:  # a module beside you, as `python -m` finds it (workers too)
+    # a module beside you, as `python -m` finds it (workers too)
+    if module and os.getcwd() not in sys.path:
         sys.path.insert(1, os.getcwd())
     try:
         if module:
@@ -209,9 +215,9 @@ def check_env_id(env_id: str) -> None:
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
-    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's own:
-    vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the probe
-    found, or FlagError naming --env-id."""
+    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's
+    own: vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the
+    probe found, or FlagError naming --env-id."""
     try:
         return probe(make, bound, interrupt=stops.request, check_api=True)
     except ProbeFailed as exc:

@@ -1,5 +1,5 @@
-"""What a run says as it goes: the progress line, the figures of its summary, and the TensorBoard writer
-its numbers go to (mirrored to wandb with --track; ranks other than 0 write nothing)."""
+"""What a run says as it goes: the progress line, the figures of its summary, and the TensorBoard
+writer its numbers go to (mirrored to wandb with --track; ranks other than 0 write nothing)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from typing import Any
 
 
 class Progress:
-    """SPS, the progress line (at most every `every` seconds, and for the first and last iterations),
-    and the figures of a summary over every segment of a resumed run (`earlier`: its summary.json)."""
+    """SPS, the progress line (at most every `every` seconds, and for the first and last
+    iterations), and the figures of a summary over every segment of a resumed run (`earlier`: its
+    summary.json)."""
 
     def __init__(self, last_step: int, first_step: int, speaks: bool, recent: list, earlier: dict, every=2.0):
         self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
         self.speaks, self.every, self.logged = speaks, every, False
         self.recent_returns = collections.deque(recent, maxlen=20)
         self.start = self.last_print = time.time()
-        earlier = {k: v for k, v in earlier.items() if type(v) in (int, float)}  # (a summary edited by hand)
+        # (a summary edited by hand)
+        earlier = {k: v for k, v in earlier.items() if type(v) in (int, float)}
         self.earlier_seconds = earlier.get("seconds", 0.0)
         self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
 
@@ -59,7 +61,8 @@ class Progress:
 
     def figures(self) -> dict[str, Any]:
         seconds = self.earlier_seconds + time.time() - self.start
-        done = self.global_step - (0 if self.earlier_seconds else self.first_step)  # the steps of that time
+        # the steps of that time
+        done = self.global_step - (0 if self.earlier_seconds else self.first_step)
         return {
             "global_step": self.global_step,
             "last_step": self.last_step,
@@ -87,8 +90,8 @@ class NoWriter:
 
 
 def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
-    """TensorBoard's writer with the hyperparameters (and wandb with --track); a resumed run's curves go
-    on from `first_step`, without what its stopped part logged after its checkpoint."""
+    """TensorBoard's writer with the hyperparameters (and wandb with --track); a resumed run's
+    curves go on from `first_step`, without what its stopped part logged after its checkpoint."""
     if args.track:
         import wandb
 
@@ -97,7 +100,8 @@ def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
         wandb.init(project=project, entity=entity, sync_tensorboard=True, config=config, name=run_dir.name)
     from torch.utils.tensorboard import SummaryWriter
 
-    # max_queue: with the default of 10 events pending, add_scalar waits for the writer thread when full
+    # max_queue: with the default of 10 events pending, add_scalar waits for the writer thread when
+    # full
     writer = SummaryWriter(str(run_dir), max_queue=1000, purge_step=first_step + 1 if args.resume else None)
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")

@@ -22,11 +22,13 @@ from .errors import FlagError, RunError
 from .flags import given_fields
 
 LOCK = ".lock"
-END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"  # a launcher's pid: the run stops (and saves) when it dies
+# a launcher's pid: the run stops (and saves) when it dies
+END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"
 
 
 def lock_holder(lock: Path) -> int | None:
-    """The pid of the live process that holds the lock file `lock` (-1: one that wrote no pid), or None."""
+    """The pid of the live process that holds the lock file `lock` (-1: one that wrote no pid),
+    or None."""
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:
@@ -42,8 +44,8 @@ def lock_holder(lock: Path) -> int | None:
 
 
 def hold(lock: Path) -> int:
-    """Makes this process the holder of the lock file `lock` (the kernel lets go however it ends); its
-    descriptor. FlagError naming the process that holds it already."""
+    """Makes this process the holder of the lock file `lock` (the kernel lets go however it
+    ends); its descriptor. FlagError naming the process that holds it already."""
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -59,8 +61,8 @@ def hold(lock: Path) -> int:
 
 
 def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
-    """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken) with its
-    args.json; RunError in one line if it cannot be made here."""
+    """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken)
+    with its args.json; RunError in one line if it cannot be made here."""
     base = (
         f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     )
@@ -87,10 +89,10 @@ def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
 def write_args(
     run_dir: Path, args: Any, steps_per_iteration: int, world_size: int, resumed: dict | None = None
 ):
-    """args.json: the flags the run is trained with, the script's defaults and the fields its first
-    command line gave (together, what it was asked for: its identity to a sweep), its ranks and the
-    steps of an iteration of them all, and each resume: when, from which iteration and step, and which
-    flags it changed. FlagError if a resume finds one edited out of shape."""
+    """args.json: the flags the run is trained with, the script's defaults and the fields its
+    first command line gave (together, what it was asked for: its identity to a sweep), its ranks
+    and the steps of an iteration of them all, and each resume: when, from which iteration and
+    step, and which flags it changed. FlagError if a resume finds one edited out of shape."""
     path, flags = run_dir / "args.json", dataclasses.asdict(args)
     record = {
         "script": Path(sys.argv[0]).name,
@@ -101,22 +103,22 @@ def write_args(
         "steps_per_iteration": steps_per_iteration,
         "resumes": [],
     }
-    if resumed is not None and path.exists():
-        earlier = read_args(path)
+    if resumed is not None:
+        # (no record at all: written anew)
+        earlier = read_args(path) if read_json(path) is not None else {}
+        # a record edited out of shape: refused, so that its history is not lost
         if earlier is None:
             raise FlagError(
-                f"{path} is not an args.json a run writes (edited since?): put it back, or remove it "
-                "to have it written anew from the checkpoint"
+                f"{path} is not an args.json a run writes (edited since?): put it back, or remove it to have "
+                "it written anew from the checkpoint"
             )
         changed = {
             k: [earlier[k], v] for k, v in flags.items() if k != "resume" and k in earlier and earlier[k] != v
         }
         at = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changed}
         at |= {"from_iteration": resumed["iteration"], "from_step": resumed["global_step"]}
-        record |= {
-            "given": earlier["given"],
-            "resumes": [*earlier["resumes"], at],
-        }  # what it was started with
+        record["given"] = earlier.get("given", record["given"])  # what the run was started with
+        record["resumes"] = [*earlier.get("resumes", []), at]
     write_json(path, record)
 
 
@@ -134,8 +136,9 @@ def read_args(path: Path) -> dict[str, Any] | None:
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Writes data so that a reader sees the old file or the new one, never a part: a temp file beside
-    it, flushed to disk, renamed over it. On failure the temp file is removed, path left as it was."""
+    """Writes data so that a reader sees the old file or the new one, never a part: a temp file
+    beside it, flushed to disk, renamed over it. On failure the temp file is removed, path left
+    as it was."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -223,7 +226,8 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
 
 
 def check_fields(checkpoint: dict, names: Any, where: str, script: str) -> None:
-    """FlagError unless the checkpoint holds each of `names`, and each field it holds as FIELDS says."""
+    """FlagError unless the checkpoint holds each of `names`, and each field it holds as FIELDS
+    says."""
     missing = [name for name in names if name not in checkpoint]
     if missing:
         raise FlagError(
@@ -291,5 +295,6 @@ def load_state(obj: Any, state: Any, where: str) -> None:
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (its type's name if it has none), at most `limit` long."""
+    """The first line of an exception's message (its type's name if it has none), at most `limit`
+    long."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]

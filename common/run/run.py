@@ -1,8 +1,8 @@
 """A run of a training script as its `main` sees it: one object that owns the flags, the env probed
-once, the run folder and writer, the envs, the state kept at iteration boundaries and the checkpoints
-written from it, the stop's safe points, and the one place a run ends. Run.cli exits 0 done; 1 a
-failure (one line; a bug keeps its traceback); 2 a bad flag or file, before anything started; 128 +
-signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
+once, the run folder and writer, the envs, the state kept at iteration boundaries and the
+checkpoints written from it, the stop's safe points, and the one place a run ends. Run.cli exits 0
+done; 1 a failure (one line; a bug keeps its traceback); 2 a bad flag or file, before anything
+started; 128 + signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from . import flags, progress, records, stops
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped
 
-KEEP_EVERY = 50  # a boundary's state is kept once this many times what keeping the last one took has passed
+# a boundary's state is kept once this many times what keeping the last one took has passed
+KEEP_EVERY = 50
 IMPLICIT = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
-_closing_lines: list[tuple[str, bool]] = []  # the closing line a run composed, and whether it goes to stderr
+# the closing line a run composed, and whether it goes to stderr
+_closing_lines: list[tuple[str, bool]] = []
 
 
 class Run:
@@ -51,16 +53,19 @@ class Run:
         self.state: dict[str, Any] = {}  # what a checkpoint holds
         self.num_iterations = self.steps = 0
         self.start_iteration = 1
-        self.last: dict | None = None  # the state kept at the last boundary kept: what a save writes
+        # the state kept at the last boundary kept: what a save writes
+        self.last: dict | None = None
         self.written: dict | None = None  # what this run last wrote to checkpoint.pt
         self.on_disk: int | None = None  # the iteration checkpoint.pt holds
-        self.kept_at: float | None = None  # when the last boundary was kept, and what keeping it took
+        # when the last boundary was kept, and what keeping it took
+        self.kept_at: float | None = None
         self.keeping = 0.0
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume continues with the run's
-        own (the command line may change those that change nothing learned, and --total-timesteps);
-        --eval-checkpoint evaluates with them (the command line's for those that change nothing)."""
+        """The flags to run with, and the checkpoint they come from: --resume continues with the
+        run's own (the command line may change those that change nothing learned, and
+        --total-timesteps); --eval-checkpoint evaluates with them (the command line's for those
+        that change nothing)."""
         if args.resume is not None and args.eval_checkpoint is not None:
             raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
         path = args.resume if args.resume is not None else args.eval_checkpoint
@@ -69,7 +74,8 @@ class Run:
         flag_name = "--resume" if args.resume is not None else "--eval-checkpoint"
         checkpoint = records.load_checkpoint(path, flag_name, self.script)
         names = [f.name for f in dataclasses.fields(args)]
-        found = {k: v for k, v in checkpoint["args"].items() if k in names}  # (flags dropped since: gone)
+        # (flags dropped since: gone)
+        found = {k: v for k, v in checkpoint["args"].items() if k in names}
         wrong = flags.misfits(type(args), found)
         if wrong:
             listed = ", ".join(f"{name} {found[name]!r}" for name in wrong)
@@ -110,9 +116,10 @@ class Run:
         return dataclasses.replace(saved, **given | {"resume": path}), checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
-        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and times it,
-        if it is one of gymnasium's own): its observation and action spaces. The answer also decides
-        where the envs step. No env code runs here; FlagError naming --env-id if it cannot be built."""
+        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and
+        times it, if it is one of gymnasium's own): its observation and action spaces. The answer
+        also decides where the envs step. No env code runs here; FlagError naming --env-id if it
+        cannot be built."""
         env_fn = make_env(dataclasses.replace(self.args, capture_video=False), 0, None)
         self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0)
         return self.probed["spaces"]
@@ -126,14 +133,15 @@ class Run:
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
-        """The run, from its folder to its closing line, around the block; yields the TensorBoard writer.
+        """The run, from its folder to its closing line, around the block; yields the TensorBoard
+        writer.
 
         `state` is what a checkpoint holds and a resume puts back: objects with state_dict() and
-        load_state_dict() (model, optimizer, normalizers: rank 0's) and numpy or torch random generators
-        (every rank's). Whatever else the loop must carry over a stop (a buffer, another generator) goes
-        here too; torch's own generators (dropout, torch.randn) are kept without asking. A stop, an env
-        failure or a lost rank saves the state of the last boundary kept; then summary.json and the
-        closing line."""
+        load_state_dict() (model, optimizer, normalizers: rank 0's) and numpy or torch random
+        generators (every rank's). Whatever else the loop must carry over a stop (a buffer, another
+        generator) goes here too; torch's own generators (dropout, torch.randn) are kept without
+        asking. A stop, an env failure or a lost rank saves the state of the last boundary kept;
+        then summary.json and the closing line."""
         state = {**state, "torch_rng": torch.default_generator}
         if device.type == "cuda":
             torch.cuda.init()  # (default_generators is empty until then)
@@ -182,9 +190,9 @@ class Run:
                 self._close(status)
 
     def _resume(self) -> dict:
-        """Puts the checkpoint's state into `state` and holds the run's folder; returns its summary so
-        far. FlagError unless the checkpoint holds all of it, written with as many ranks; Finished if
-        nothing is left to do (the summary then says so)."""
+        """Puts the checkpoint's state into `state` and holds the run's folder; returns its
+        summary so far. FlagError unless the checkpoint holds all of it, written with as many
+        ranks; Finished if nothing is left to do (the summary then says so)."""
         checkpoint, path = self.checkpoint, self.args.resume
         names = [name for name in ("iteration", *self.state) if name not in IMPLICIT]
         records.check_fields(checkpoint, names, f"--resume {path}", self.script)
@@ -203,7 +211,8 @@ class Run:
         earlier = (records.read_json(self.dir / "summary.json") or {}) if self.is_main else {}
         if done >= self.num_iterations:
             if self.is_main and _same_file(path, ours) and earlier.get("status") != "done":
-                records.write_json(self.dir / "summary.json", {**earlier, "status": "done"})  # all trained
+                # all trained
+                records.write_json(self.dir / "summary.json", {**earlier, "status": "done"})
             if self.is_main:
                 (self.dir / records.LOCK).unlink()
             asked = (
@@ -241,10 +250,10 @@ class Run:
             )
         if not self.is_main:
             return {}
-        if not (self.dir / "args.json").exists():
+        if (self.dir / "args.json").exists() and records.read_json(self.dir / "args.json") is None:
             print(
-                f"{self.script}: {self.dir / 'args.json'} is missing: written anew from the checkpoint",
-                flush=True,
+                f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew "
+                "from the checkpoint"
             )
         try:
             records.write_args(self.dir, self.args, self.steps, self.world_size, resumed=checkpoint)
@@ -258,9 +267,10 @@ class Run:
         return earlier
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
-        """num_envs envs of make_env in a SubprocVecEnv laid out as the probe decided (or --num-workers
-        says), closed as the run ends; and the observations to act on first: the envs as the checkpoint
-        left them, or reset with seed + i for env i (after a stop, seeds no earlier part of the run used)."""
+        """num_envs envs of make_env in a SubprocVecEnv laid out as the probe decided (or
+        --num-workers says), closed as the run ends; and the observations to act on first: the
+        envs as the checkpoint left them, or reset with seed + i for env i (after a stop, seeds
+        no earlier part of the run used)."""
         args = self.args
         env_fns = [make_env(args, i, self.dir) for i in range(num_envs)]
         envs = SubprocVecEnv(
@@ -297,9 +307,10 @@ class Run:
         return envs, next_obs
 
     def iterations(self) -> Iterator[int]:
-        """The iterations left to do. Before each and after the last, the state at that boundary is kept
-        (a stop saves it) where KEEP_EVERY allows or a save is due: every --checkpoint-interval
-        iterations, and at the end (with --save-model, also as <exp-name>.cleanrl_model)."""
+        """The iterations left to do. Before each and after the last, the state at that boundary
+        is kept (a stop saves it) where KEEP_EVERY allows or a save is due: every
+        --checkpoint-interval iterations, and at the end (with --save-model, also as
+        <exp-name>.cleanrl_model)."""
         for iteration in range(self.start_iteration, self.num_iterations + 1):
             self._boundary(iteration - 1)
             yield iteration
@@ -339,13 +350,14 @@ class Run:
         if self.is_main and due:
             self.save()
         if self.is_main and done == self.num_iterations and self.args.save_model:
-            path = self.dir / f"{self.args.exp_name}.cleanrl_model"  # CleanRL's file: the same state
+            # CleanRL's file: the same state
+            path = self.dir / f"{self.args.exp_name}.cleanrl_model"
             records.save_checkpoint(path, self.last)
             print(f"model saved to {path}", flush=True)
 
     def _keep(self) -> bool:
-        """Whether to keep this boundary's state: once KEEP_EVERY times what keeping the last one took
-        has passed since (keeping costs under 2% of the time)."""
+        """Whether to keep this boundary's state: once KEEP_EVERY times what keeping the last one
+        took has passed since (keeping costs under 2% of the time)."""
         return self.kept_at is None or time.perf_counter() - self.kept_at >= KEEP_EVERY * self.keeping
 
     def save(self, status: str = "running") -> None:
@@ -358,12 +370,13 @@ class Run:
         return stops.request.signum is not None
 
     def stop_if_asked(self) -> None:
-        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary kept)."""
+        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary
+        kept)."""
         stops.request.check()
 
     def log(self, global_step: int, episodes: list[tuple], timings: dict[str, float]) -> None:
-        """Logs each finished episode (global step, raw return, length), SPS, where the time went and
-        worker restarts, and prints the progress line; RunError if a weight became NaN/Inf."""
+        """Logs each finished episode (global step, raw return, length), SPS, where the time went
+        and worker restarts, and prints the progress line; RunError if a weight became NaN/Inf."""
         for name, obj in self.state.items():
             if isinstance(obj, torch.nn.Module) and not all(p.isfinite().all() for p in obj.parameters()):
                 raise RunError(
@@ -376,9 +389,10 @@ class Run:
         )
 
     def evaluate(self, act: Callable[[Any], Any], make_env: Callable) -> list[float]:
-        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on env 0 of make_env,
-        acting with act(obs) on a batch of one; printed, and logged as eval/episodic_return in a run.
-        The env steps where the probe decided: in a worker, unless it is gymnasium's own."""
+        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on env 0 of
+        make_env, acting with act(obs) on a batch of one; printed, and logged as
+        eval/episodic_return in a run. The env steps where the probe decided: in a worker, unless
+        it is gymnasium's own."""
         if not self.is_main:
             return []
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
@@ -390,7 +404,8 @@ class Run:
             obs, _ = envs.reset(seed=args.seed + 10_000)  # seeds training never used
             while len(returns) < args.eval_episodes:
                 obs, _, _, _, infos = envs.step(act(obs))
-                if infos.get("final_info", {}).get("_episode", [False])[0]:  # (not when only a life ended)
+                # (not when only a life ended)
+                if infos.get("final_info", {}).get("_episode", [False])[0]:
                     returns.append(float(infos["final_info"]["episode"]["r"][0]))
         for idx, episodic_return in enumerate(returns if self.writer is not None else []):
             self.writer.add_scalar("eval/episodic_return", episodic_return, idx)
@@ -443,8 +458,9 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """summary.json, the closing line `cli` prints last, and the folder let go (.lock removed). A run
-        stopped while it evaluates its last checkpoint is done: nothing is left to train."""
+        """summary.json, the closing line `cli` prints last, and the folder let go (.lock
+        removed). A run stopped while it evaluates its last checkpoint is done: nothing is left
+        to train."""
         trained = self.on_disk == self.num_iterations
         if trained and status != "done":
             status = f"done (its evaluation: {status})"
@@ -460,15 +476,16 @@ class Run:
             how = "evaluate with: " if trained else "continue with: "
             flag = "--eval-checkpoint" if trained else "--resume"
             line += f"; {how}{again} {sys.argv[0]} {flag} {summary['checkpoint']}"
-        (self.dir / records.LOCK).unlink(missing_ok=True)  # (held still: let go as the process ends)
+        # (held still: let go as the process ends)
+        (self.dir / records.LOCK).unlink(missing_ok=True)
         _closing_lines.append((line, status != "done"))
 
     @classmethod
     def cli(cls, main: Callable[[Any], Any], args_type: type, doc: str) -> None:
-        """Parses args_type from the command line (--help opens with the first two paragraphs of `doc`),
-        runs main(args) with SIGINT and SIGTERM as stop requests, and exits with the status its outcome
-        calls for, after the closing line. Under torchrun every failing rank says why, with its rank;
-        rank 0 alone says a stop."""
+        """Parses args_type from the command line (--help opens with the first two paragraphs of
+        `doc`), runs main(args) with SIGINT and SIGTERM as stop requests, and exits with the
+        status its outcome calls for, after the closing line. Under torchrun every failing rank
+        says why, with its rank; rank 0 alone says a stop."""
         import tyro
 
         script = Path(sys.argv[0]).name
@@ -480,7 +497,8 @@ class Run:
                 print(f"{me}: {message}", file=sys.stderr, flush=True)
             for line, to_stderr in _closing_lines:
                 print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
-            stops.request.ignore()  # the run is over: a launcher's forwarded signal must not end the exit
+            # the run is over: a launcher's forwarded signal must not end the exit
+            stops.request.ignore()
             sys.exit(status)
 
         stops.request.install()
@@ -505,11 +523,13 @@ class Run:
         except FlagError as exc:
             close(2, f"error: {exc}")
         except Stopped as exc:
-            if rank == 0 and not _closing_lines:  # stopped before training started: nothing else to say
+            # stopped before training started: nothing else to say
+            if rank == 0 and not _closing_lines:
                 print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
             close(128 + exc.signum)
         except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
-            close(1, f"error: {exc}")
+            bound = "; --step-timeout sets that bound, --max-restarts N replaces a stuck worker"
+            close(1, f"error: {exc}{bound if isinstance(exc, TimeoutError) else ''}")
         except Exception:  # noqa: BLE001 - a bug: its traceback
             traceback.print_exc()
             close(1)
@@ -541,7 +561,8 @@ def _same_file(path: str, other: Path) -> bool:
 
 
 def _iteration_of(path: Path) -> int | None:
-    """The iteration the checkpoint at `path` holds (None if there is none, or it cannot be read)."""
+    """The iteration the checkpoint at `path` holds (None if there is none, or it cannot be
+    read)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iteration"]
     except Exception:  # noqa: BLE001 - no readable checkpoint there
@@ -549,9 +570,10 @@ def _iteration_of(path: Path) -> int | None:
 
 
 def _end_with_launcher() -> None:
-    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to this run
-    when its launcher dies (SIGKILL included), so that it stops through its stop path, and saves,
-    instead of training on alone. A launcher that died while this process was starting is seen by its pid."""
+    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to
+    this run when its launcher dies (SIGKILL included), so that it stops through its stop path,
+    and saves, instead of training on alone. A launcher that died while this process was starting
+    is seen by its pid."""
     launcher = os.environ.pop(records.END_WITH_PARENT, "")  # not passed on to what this run starts
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
     if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):

@@ -1,5 +1,5 @@
-"""python -m <package>.sweep (from the folder that holds <package>/), or python path/to/<package>/sweep
-(from anywhere): see __init__.py beside this file."""
+"""python -m <package>.sweep (from the folder that holds <package>/), or python
+path/to/<package>/sweep (from anywhere): see __init__.py beside this file."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from .runs import Run, asked_of, ends_at, number
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:
-    """The run's folder, and why it cannot be averaged (None if it can): missing, running, unfinished,
-    unreadable, or without a finished episode."""
+    """The run's folder, and why it cannot be averaged (None if it can): missing, running,
+    unfinished, unreadable, or without a finished episode."""
     folder, made = run.folder(), run.folders()
     sweep = records.lock_holder(Path(run.cwd, "runs", "sweep", f"{run.key}.lock"))
     if sweep is not None and sweep != os.getpid():
@@ -142,7 +142,8 @@ def aggregate(values: list[float], confidence: float = 0.95, resamples: int = 10
 
 
 def iqm(x: Any, axis: int = 0) -> Any:
-    """The interquartile mean along `axis`: the mean of what is left once a quarter is cut at each end."""
+    """The interquartile mean along `axis`: the mean of what is left once a quarter is cut at
+    each end."""
     import numpy as np
 
     n = x.shape[axis]
@@ -150,7 +151,8 @@ def iqm(x: Any, axis: int = 0) -> Any:
 
 
 def bootstrap(x: Any, statistic: Any, resamples: int, confidence: float = 0.95) -> tuple[Any, Any]:
-    """The percentile bootstrap interval of statistic(sample, axis=0), samples drawn from the rows of x."""
+    """The percentile bootstrap interval of statistic(sample, axis=0), samples drawn from the
+    rows of x."""
     import numpy as np
 
     draws = statistic(x[np.random.default_rng(0).integers(0, len(x), (resamples, len(x)))], axis=1)

@@ -147,7 +147,8 @@ class Run:
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
             return resume, "resume"
-        if total is None or ends_at(total, saved) <= reached:  # its steps are those asked (other_length)
+        # its steps are those asked (other_length)
+        if total is None or ends_at(total, saved) <= reached:
             return [], "finished before: skipped"
         return resume, f"extend (from {reached} to {ends_at(total, saved)} steps: no schedule spans it)"
 
@@ -369,7 +370,8 @@ def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is a process of its own
             return list(pool.map(lambda run: RunJob()(run), runs))
     executor = submitit_executor(args)
-    root = str(Path(__file__).resolve().parents[__package__.count(".") + 1])  # the folder this package is in
+    # the folder this package is in
+    root = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [root, os.environ.get("PYTHONPATH")])
     )  # jobs import it
@@ -382,7 +384,8 @@ MAX_RUNS = 10_000  # seeds a sweep takes at most (a range such as 0-4294967295 i
 
 
 def seeds(spec: list[str]) -> list[int]:
-    """Seeds as given: 1 2 3, or ranges 1-10; ValueError naming an item that is neither, or too many."""
+    """Seeds as given: 1 2 3, or ranges 1-10; ValueError naming an item that is neither, or too
+    many."""
     found: list[int] = []
     for item in spec:
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", item, re.ASCII)

@@ -1,8 +1,8 @@
 """An env's state as data, for checkpoints: taken from a live env (`take`) and set onto one the same
-make_env built again (`put`), so that a resumed run's episodes go on exactly where they were. A state
-holds values only: numbers, strings, bytes, arrays (dtype, shape and bytes), numpy generators' states,
-and lists, tuples and dicts of these. Loading one never runs code: nothing in it names a class or a
-function, and a checkpoint that holds it loads with torch.load(weights_only=True).
+make_env built again (`put`), so that a resumed run's episodes go on exactly where they were. A
+state holds values only: numbers, strings, bytes, arrays (dtype, shape and bytes), numpy generators'
+states, and lists, tuples and dicts of these. Loading one never runs code: nothing in it names a
+class or a function, and a checkpoint that holds it loads with torch.load(weights_only=True).
 
 Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
 package, or declares `pickle_state = True` (a user env whose state is such values). What is taken,
@@ -27,7 +27,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")  # ours, under any name
+# ours, under any name
+SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")
 CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 REBUILT = (gym.Env, gym.Space, EnvSpec, types.ModuleType, *CODE)  # what make_env builds again
 NOT_TAKEN = {"_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec", "metadata", "_action_set"}
@@ -65,8 +66,8 @@ def take(env: gym.Env) -> dict | None:
 
 
 def put(env: gym.Env, state: Any) -> None:
-    """Sets a state `take` gave onto an env the same make_env built; ValueError (or another exception
-    of decoding) if it does not fit, checked before anything is set."""
+    """Sets a state `take` gave onto an env the same make_env built; ValueError (or another
+    exception of decoding) if it does not fit, checked before anything is set."""
     layers = chain(env)[::-1]
     classes = [type(e).__qualname__ for e in layers]
     if state["classes"] != classes:
@@ -78,7 +79,8 @@ def put(env: gym.Env, state: Any) -> None:
 
 
 def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
-    """`obj` as data (what an env's attribute, or an observation, becomes); Unsaveable if it is not."""
+    """`obj` as data (what an env's attribute, or an observation, becomes); Unsaveable if it is
+    not."""
     seen = {} if seen is None else seen
     if type(obj) in RAW:
         return obj
@@ -117,8 +119,8 @@ def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
 
 
 def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
-    """What `value` made data of, from data alone (`current`: the object make_env built in its place,
-    for those restored in place); ValueError if it is not such data."""
+    """What `value` made data of, from data alone (`current`: the object make_env built in its
+    place, for those restored in place); ValueError if it is not such data."""
     seen = [] if seen is None else seen
     if type(data) in (*RAW, bytes):
         return data
@@ -141,7 +143,8 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     elif kind == "rng":
         bits = type(current.bit_generator) if isinstance(current, np.random.Generator) else np.random.PCG64
         result = np.random.Generator(bits())
-        result.bit_generator.state = rest[0]  # ValueError for another kind of generator, or a damaged one
+        # ValueError for another kind of generator, or a damaged one
+        result.bit_generator.state = rest[0]
     elif kind in ("list", "tuple"):
         seen[index] = result = []
         result += [decoded(item, None, seen) for item in rest[0]]
@@ -202,8 +205,9 @@ _MUJOCO_ARRAYS: list[str] = []
 
 
 def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
-    """MjData's arrays but the constraints' (each step computes and sizes them anew): its state and what
-    an env reads before a step (Ant's reward starts from the body positions of the last substep)."""
+    """MjData's arrays but the constraints' (each step computes and sizes them anew): its state
+    and what an env reads before a step (Ant's reward starts from the body positions of the last
+    substep)."""
     if not _MUJOCO_ARRAYS:
         for key in dir(data):
             with contextlib.suppress(Exception):  # (some properties raise where unused)
@@ -217,7 +221,8 @@ def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
 
 
 def _fields(obj: Any, seen: dict[int, tuple]) -> list:
-    """[name, value] of each attribute that is state (neither a constant nor what make_env builds)."""
+    """[name, value] of each attribute that is state (neither a constant nor what make_env
+    builds)."""
     rebuilt = lambda field: isinstance(field, REBUILT) or type(field).__name__ == "MjModel"  # noqa: E731
     return [
         [name, value(field, seen)]

@@ -1,6 +1,6 @@
 """Where SubprocVecEnv's envs step by default: in the calling process only where they can neither
 hang nor kill it and are faster there, else in workers; decided alike on a busy minute and a quiet
-one, no env code run here.
+one, no env code run here (`choose`).
 
 `probe` builds one env in a process of its own (bounded, importing neither the main script nor
 torch, ending with what the env started). Only gymnasium's own pure-Python envs under gymnasium's
@@ -32,11 +32,10 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from .env_hosts import WorkerTimeout
 from .env_state import chain
+from .errors import WorkerTimeout, error_report
 from .messages import Channel
 from .process_control import plural, stop_signals_blocked
-from .worker import error_report
 
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
 ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units
@@ -44,7 +43,7 @@ REFERENCE_LOOPS = 60  # reference_work()'s size: about a CartPole step of CPU
 # CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
 STEPPING = 0.02
 STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers
-# seconds the probe process may take to start (Python, gymnasium, the env's module) when loaded
+# seconds the probe process may take to start (Python, gymnasium, the env's module)
 PROBE_START = 60.0
 # The folder the top package (ours, under whatever name it was copied as) lies in, for the probe's
 # imports
@@ -62,8 +61,8 @@ probe_main(data)
 
 
 class ProbeFailed(Exception):
-    """The probe could not build or step the env: `phase` (start, make, reset, step; api: gym's old
-    API) and `summary` say how."""
+    """The probe could not build or step the env: `phase` (start, make, reset, step; api: gym's
+    old API) and `summary` say how."""
 
     def __init__(self, phase: str, summary: str):
         super().__init__(f"{summary} during '{phase}'")
@@ -71,46 +70,51 @@ class ProbeFailed(Exception):
         self.done = {"make": "built", "start": "built", "reset": "reset", "step": "stepped"}.get(phase, phase)
 
 
+def choose(
+    env_fns: list, num_workers: int | None, bounded: bool, cores: int, probed: Any, **probing
+) -> tuple:
+    """The worker processes for env_fns (0: this process) and what the choice was made from
+    (`basis`, for `describe`): num_workers as asked; workers where steps must be bounded or
+    restarted; else `decide` on what a probe of env_fns[-1] found (`probed`, if the caller probed
+    it already)."""
+    n = len(env_fns)
+    if num_workers is not None or bounded:
+        return min(cores, n) if num_workers is None else min(num_workers, n), {}
+    failure = None
+    if probed is None:
+        try:
+            probed = probe(env_fns[-1], index=n - 1, **probing)
+        except ProbeFailed as exc:
+            failure = exc
+    workers, basis = decide(probed, n, cores)
+    if failure is not None:
+        basis["why"] = f"the probe env failed ({failure}); {basis['why']}"
+    return workers, basis
+
+
 def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
     return all(type(e).__module__.startswith(modules) for e in chain(env))
 
 
-def probe(
-    env_fn: Callable[[], gym.Env],
-    bound: float,
-    index: int | None = None,
-    interrupt: Any = None,
-    check_api: bool = False,
-) -> dict[str, Any]:
+def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: Any = None, check_api=False):
     """Builds env_fn() in a probe process and, for a trusted env, times its steps. Returns
     {"spaces", "origin" (the classes of the env and its wrappers, outermost first), "trusted",
-    "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference" (reference_work()'s
-    CPU seconds)}. ProbeFailed if env code raised or the probe died; WorkerTimeout (naming env
-    `index`) past `bound` seconds of building; the interrupt's exception (SubprocVecEnv's
-    `interrupt`). With `check_api`, the env is also reset and stepped once (ProbeFailed in phase
-    "api" if it answers as gym before 0.26 did)."""
+    "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference"
+    (reference_work()'s CPU seconds)}. ProbeFailed if env code raised or the probe died;
+    WorkerTimeout (naming env `index`) past `bound` seconds of building; the interrupt's
+    exception (SubprocVecEnv's `interrupt`). With `check_api`, the env is also reset and stepped
+    once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
     parent, child = socket.socketpair()
-    data = {
-        "path": [_ROOT, *sys.path],
-        "fd": child.fileno(),
-        "env_fn": cloudpickle.dumps(env_fn),
-        "registry": _registry(),
-        "trusted": TRUSTED,
-        "check_api": check_api,
-    }
+    data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn)}
+    data |= {"registry": _registry(), "trusted": TRUSTED, "check_api": check_api}
     # what the probe says if it cannot start (a file: it never fills up)
     errors = tempfile.TemporaryFile()
+    command = [sys.executable, "-S", "-c", _BOOT]
     with stop_signals_blocked():
-        proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", _BOOT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=errors,
-            pass_fds=[child.fileno()],
-            start_new_session=True,
-        )
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": errors}
+        proc = subprocess.Popen(command, **pipes, pass_fds=[child.fileno()], start_new_session=True)
     child.close()
-    conn, found = Channel(parent), {}
+    conn, probed = Channel(parent), {}
     phase, deadline = "start", time.monotonic() + PROBE_START
     try:
         proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
@@ -118,7 +122,7 @@ def probe(
         while True:
             msg = _next_message(conn, proc, errors, deadline, interrupt, phase)
             if msg is None and phase == "step":
-                return dict(found, step=math.inf)  # slower than STEP_DECIDE: not waited for
+                return dict(probed, step=math.inf)  # slower than STEP_DECIDE: not waited for
             if msg is None and phase == "start":
                 raise ProbeFailed(phase, f"the probe process did not start within {PROBE_START:g} s")
             if msg is None:
@@ -131,9 +135,9 @@ def probe(
             if kind == "ready":  # started: from now on the env's own work is timed
                 phase, deadline = "make", time.monotonic() + bound
             elif kind == "made" and value["trusted"]:
-                found, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
+                probed, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
             else:
-                return dict(found, **value) if kind == "stepped" else dict(value, step=None)
+                return dict(probed, **value) if kind == "stepped" else dict(value, step=None)
     finally:
         conn.close()
         errors.close()
@@ -149,7 +153,7 @@ def probe(
 
 def _next_message(
     conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str
-) -> Any:
+):
     """The probe's next message, None at the deadline; ProbeFailed if the probe ended without
     one."""
     poller = select.poll()
@@ -172,8 +176,8 @@ def _next_message(
 
 
 def _registry() -> bytes | None:
-    """gymnasium's registry as this process has it (ids the main script registered), for the probe
-    to make ids alike; None if some entry does not pickle."""
+    """gymnasium's registry as this process has it (ids the main script registered), for the
+    probe to make ids alike; None if some entry does not pickle."""
     try:
         return cloudpickle.dumps(dict(gym.registry))
     except Exception:  # noqa: BLE001 - the probe then knows the ids its imports register
@@ -200,15 +204,14 @@ def probe_main(data: dict) -> None:
     try:
         if data["registry"] is not None:
             gym.registry.update(pickle.loads(data["registry"]))
-        # imports the env's module: start-up, not the env's own work
-        env_fn = cloudpickle.loads(data["env_fn"])
+        env_fn = cloudpickle.loads(
+            data["env_fn"]
+        )  # imports the env's module: start-up, not the env's own work
         conn.send(pickle.dumps(("ready", None)))
         env = env_fn()
-        found = {
-            "spaces": (env.observation_space, env.action_space),
-            "trusted": trusted(env, data["trusted"]),
-            "origin": [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)],
-        }
+        origin = [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]
+        made = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"])}
+        made["origin"] = origin
         if data["check_api"]:
             phase = "reset"
             old = _old_api(env)
@@ -216,14 +219,14 @@ def probe_main(data: dict) -> None:
                 conn.send(pickle.dumps(("error", (0, "api", old, ""))))
                 os._exit(0)
             phase = "make"
-        conn.send(pickle.dumps(("made", found), pickle.HIGHEST_PROTOCOL))
-        if found["trusted"]:
+        conn.send(pickle.dumps(("made", made), pickle.HIGHEST_PROTOCOL))
+        if made["trusted"]:
             phase = "reset"
             env.reset(seed=0)
             phase = "step"
             step, reference = cpu_per_step(env)
             conn.send(pickle.dumps(("stepped", {"step": step, "reference": reference})))
-    except Exception as exc:  # noqa: BLE001 - env code: reported in one line, the caller decides what it means
+    except Exception as exc:  # noqa: BLE001 - env code: said in one line, the caller decides what it means
         conn.send(pickle.dumps(("error", error_report(0, phase, exc))))
     os._exit(0)  # no env.close(): whatever the env started ends with this process group
 
@@ -231,7 +234,7 @@ def probe_main(data: dict) -> None:
 def _old_api(env: gym.Env) -> str | None:
     """How the env answers as gym's old API did (None if as gymnasium's); an error not about the API
     is raised."""
-    # below gymnasium's checking wrappers, which turn an old answer into warnings and errors
+    # below gymnasium's checking wrappers, which turn old answers into warnings
     base = env.unwrapped
     try:
         answer = base.reset(seed=0)
@@ -239,8 +242,10 @@ def _old_api(env: gym.Env) -> str | None:
         if "seed" in str(exc):
             return "its reset takes no seed"
         raise
-    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)):
+    if not (isinstance(answer, tuple) and len(answer) == 2):
         return "its reset returned an observation alone, not (obs, info)"
+    if not isinstance(answer[1], dict):
+        raise TypeError(f"its reset returned (obs, {type(answer[1]).__name__}): gymnasium's info is a dict")
     answer = base.step(base.action_space.sample())
     if not (isinstance(answer, tuple) and len(answer) == 5):
         return f"its step returned {len(answer) if isinstance(answer, tuple) else 'no'} values, not 5"
@@ -278,46 +283,42 @@ def cpu_per_step(env: gym.Env) -> tuple[float, float]:
     return float(np.median(times[5:])), max(float(np.median(references[5:])), 1e-9)
 
 
-def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
-    """The workers (0: this process) for n envs like the probed one (found None: the probe failed),
-    and what the choice was made from (for `describe`)."""
+def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
+    """The workers (0: this process) for n envs like the probed one (probed None: the probe
+    failed), and what the choice was made from (for `describe`)."""
     w = max(1, min(cores, n))
-    figures = {key: found.get(key) for key in ("origin", "trusted", "step", "reference")} if found else {}
-    if found is None or not found["trusted"]:
+    basis = {key: probed.get(key) for key in ("origin", "trusted", "step", "reference")} if probed else {}
+    if probed is None or not probed["trusted"]:
         why = (
             "workers bound its waits and outlive its crashes"
-            if found
+            if probed
             else "workers report the probe's failure"
         )
-        return w, dict(figures, why=why)
+        return w, dict(basis, why=why)
     if w == 1:
-        return 0, dict(figures, why="one core or one env: nothing to spread")
-    if found["step"] is None or not math.isfinite(found["step"]):
-        return w, dict(figures, why="workers save more than they cost")
-    saved = found["step"] / found["reference"] * (n - math.ceil(n / w))
+        return 0, dict(basis, why="one core or one env: nothing to spread")
+    if probed["step"] is None or not math.isfinite(probed["step"]):
+        return w, dict(basis, why="workers save more than they cost")
+    saved = probed["step"] / probed["reference"] * (n - math.ceil(n / w))
     if saved < ROUND_TRIP:
         return 0, dict(
-            figures, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost"
+            basis, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost"
         )
-    return w, dict(figures, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
+    return w, dict(basis, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
 
 
-def describe(n: int, num_workers: int, figures: dict[str, Any]) -> str:
-    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv; one step ...;
-    ...)"."""
-    notes, step, env = [], figures.get("step"), (figures.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
-    if figures.get("origin"):
-        notes.append(
-            f"gymnasium's {env}" if figures["trusted"] else f"{env}, not one of gymnasium's own envs"
-        )
-    if step is not None:
-        notes.append(
-            f"one step {step * 1e6:.0f} us of CPU in a probe process, "
-            f"{step / figures['reference']:.2f} units "
-            "of reference work timed beside it"
-            if math.isfinite(step)
-            else f"a step took over {STEP_DECIDE:g} s in a probe process"
-        )
-    notes += [figures["why"]] if figures.get("why") else []
+def describe(n: int, num_workers: int, basis: dict[str, Any]) -> str:
+    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv; one step
+    ...; ...)"."""
+    notes, step, env = [], basis.get("step"), (basis.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
+    if basis.get("origin"):
+        notes.append(f"gymnasium's {env}" if basis["trusted"] else f"{env}, not one of gymnasium's own envs")
+    if step is not None and math.isfinite(step):
+        units = step / basis["reference"]
+        cpu = f"one step {step * 1e6:.0f} us of CPU in a probe process"
+        notes.append(f"{cpu}, {units:.2f} units of reference work timed beside it")
+    elif step is not None:
+        notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
+    notes += [basis["why"]] if basis.get("why") else []
     where = "this process" if num_workers == 0 else plural(num_workers, "worker process")
     return f"{plural(n, 'env')} in {where}" + (f" ({'; '.join(notes)})" if notes else "")

@@ -31,9 +31,7 @@ class Channel:
         self._poller.register(self.fd, select.POLLIN)
 
     def send(self, data: bytes) -> None:
-        view = memoryview(_HEADER.pack(len(data)) + data)
-        while view:
-            view = view[os.write(self.fd, view) :]
+        self.sock.sendall(_HEADER.pack(len(data)) + data)
 
     def message(self) -> bytes | None:
         """The next whole message if it has arrived already, else None."""

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -113,6 +115,25 @@ def describe_exit(exitcode: int | None) -> str:
         )
         return f"was killed by {name} (exit code {exitcode})"
     return f"exited with code {exitcode}"
+
+
+def unguarded_main() -> str:
+    """For a worker that died as it started: the main script builds its envs outside `if __name__
+    == "__main__":`, said with what to do (forkserver and spawn workers import that script); else
+    ''."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        guarded = re.search(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", Path(path).read_text(), re.M)
+    except (OSError, TypeError):
+        return ""
+    return (
+        ""
+        if guarded
+        else (
+            f'; {path} has no `if __name__ == "__main__":` and worker processes start by importing it: put '
+            "the code that builds the envs under that line (docs/vecenv.md)"
+        )
+    )
 
 
 def plural(count: int, noun: str) -> str:

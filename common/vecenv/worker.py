@@ -1,11 +1,17 @@
-"""The worker side of a SubprocVecEnv: the protocol, the loop a worker process runs, and `EnvGroup`,
-which steps a slice of the envs into their rows of the shared arrays (the in-process layout runs it
-in the calling process).
+"""A SubprocVecEnv's protocol, and the worker side of it: the loop a worker process runs, and
+EnvGroup, which steps a worker's slice of the envs into their rows of the shared block (the
+in-process layout runs it in the calling process).
 
-The parent sends a `Command` byte and maybe a pickled argument; the worker answers each with a
-`Reply` byte and maybe a pickled payload. A worker says it has started, builds its envs and says
-hello with their spaces; a failure sends (env index, command, summary, traceback) and ends the
-worker.
+The life of a step: the trainer writes the actions into the shared block and sends STEP, one byte,
+to every worker; each steps its envs, resets those that ended (their last observation and info kept
+for final_obs and final_info), writes observations, rewards and flags into its rows of the block,
+and answers OK, one byte, or a pickled list of infos when an env gave some; the trainer waits for
+every answer within a bound, sees a worker's death from its process as well as its pipe (pools.py),
+and reads the block.
+
+Every message is a Command byte and maybe a pickled argument; every answer a Reply byte and maybe a
+pickled payload. A worker first says it has started, builds its envs and describes them (their
+spaces); a failure sends errors.error_report and ends the worker.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import cloudpickle
@@ -30,16 +35,16 @@ import gymnasium as gym
 import numpy as np
 
 from . import env_state, process_control, shared_block
+from .errors import error_report
 from .messages import Channel
 
 PICKLE = pickle.HIGHEST_PROTOCOL
+SHORT_SPIN = 300e-6  # seconds: the window after a command that came later than the longest one
 
 
 class Command(enum.Enum):
-    """A message's first byte. START and MAKE are never sent: they name those phases in errors."""
+    """A message's first byte."""
 
-    START = b"t"
-    MAKE = b"k"
     ATTACH = b"m"
     STEP = b"s"
     RESET = b"r"
@@ -74,18 +79,10 @@ def decode(msg: bytes) -> tuple[Command, Any]:
     return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
 
 
-def hello(envs: list[gym.Env]) -> tuple:
+def describe(envs: list[gym.Env]) -> tuple:
     """What envs say first: each one's spaces (env 0's carry the random generators the vec env's
     will), and env 0's metadata and render mode."""
     return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
-
-
-def error_report(index: int, command: str, exc: BaseException) -> tuple:
-    try:
-        summary = f"{type(exc).__qualname__}: {exc}"
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets reported
-        summary = type(exc).__qualname__
-    return index, command, summary, "".join(traceback.format_exception(exc))
 
 
 def close_envs(envs: list[gym.Env]) -> None:
@@ -95,14 +92,14 @@ def close_envs(envs: list[gym.Env]) -> None:
 
 
 class EnvGroup:
-    """The envs of one worker, writing their results into their rows of the shared arrays
-    (`current`: the env under way, for error reports)."""
+    """The envs of one worker, writing their results into their rows of the shared block (`current`:
+    the env under way, for error reports)."""
 
     def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
         self.envs, self.views, self.current = envs, views, 0
         self.obs_space = envs[0].observation_space
         self.obs_view = views["obs"] if obs_in_shm else None
-        # array actions: the parent overwrites the block next step
+        # array actions: the block is overwritten next step
         self.copy_actions = views["actions"].ndim > 1
         self.handlers = {
             Command.STEP: self.step,
@@ -121,21 +118,21 @@ class EnvGroup:
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
         if self.obs_view is None:
             obs_list.append(obs)
-        # numpy would broadcast a scalar into the row without a word
+        # numpy would broadcast a scalar into the row silently
         elif np.shape(obs) != self.obs_view.shape[1:]:
+            shape = self.obs_view.shape[1:]
             raise ValueError(
-                f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has "
-                f"{self.obs_view.shape[1:]}"
+                f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has {shape}"
             )
         else:
             self.obs_view[k] = obs
 
     def step(self, actions_arg: list | None) -> tuple | None:
-        """Steps every env, resetting finished ones in the same step; None if only the arrays
+        """Steps every env, resetting those that ended in the same step; None if only the block
         changed."""
         actions = self.views["actions"] if actions_arg is None else actions_arg
         rewards, terminations, truncations = (
-            self.views[name] for name in ("rewards", "terminations", "truncations")
+            self.views[k] for k in ("rewards", "terminations", "truncations")
         )
         extras, obs_list = [], []
         for k, env in enumerate(self.envs):
@@ -188,7 +185,7 @@ class EnvGroup:
         return states
 
     def load_states(self, states: list) -> list[str | None]:
-        """Each env's state set onto it; why not, for each that it does not fit (the env unchanged)."""
+        """Each env's state set onto it; for one that does not fit, why (that env as it was)."""
         reasons = []
         for k, state in enumerate(states):
             self.current = k
@@ -199,16 +196,10 @@ class EnvGroup:
                 reasons.append(f"{type(exc).__name__}: {exc}"[:300])
         return reasons
 
-    def close(self) -> None:
-        close_envs(self.envs)
-
-
-SHORT_SPIN = 300e-6  # seconds: the window after a command that came later than the longest one
-
 
 def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command: the whole window while commands come within it
-    (a rollout), a short one after a command that came later (an update phase)."""
+    """How long a worker polls for its next command: the whole window while commands come within
+    it (a rollout), a short one after a command that came later (an update phase)."""
     return longest if gap <= longest else min(longest, SHORT_SPIN)
 
 
@@ -240,12 +231,13 @@ def worker_main(
     env_fns_bytes: bytes,
     sock: socket.socket,
     lifeline: socket.socket,
-    close_fds: list[int],
+    close_fds: list,
     spin: float,
     tmpdir: str | None,
-) -> None:
-    """A worker process: builds its envs (indices from `first`), says hello, maps the shared block,
-    then answers commands until told to close; any failure is reported, then the worker ends."""
+):
+    """A worker process: builds its envs (indices from `first`), describes them, maps the shared
+    block, then answers commands until told to close; any failure is reported, then the worker
+    ends."""
     # fork start: the parent's ends of every pipe, so that its death reads as EOF
     for fd in close_fds:
         with contextlib.suppress(OSError):
@@ -257,36 +249,32 @@ def worker_main(
     threading.Thread(
         target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True
     ).start()
-    conn = Channel(sock)
-    envs: list[gym.Env] = []
-    group = None
-    # what the worker is doing, and to which of its envs: named in any error
-    command, k = Command.MAKE, 0
+    conn, envs, group = Channel(sock), [], None
+    doing, k = "make", 0  # what the worker is doing, and to which of its envs: named in any error
     try:
         env_fns = cloudpickle.loads(env_fns_bytes)  # imports the envs' modules: still starting
         conn.send(Reply.OK)  # started: from now on the parent times the envs' own build
         for k in range(len(env_fns)):
             envs.append(env_fns[k]())
         k = 0
-        conn.send(Reply.PAYLOAD + pickle.dumps(hello(envs), PICKLE))
+        conn.send(Reply.PAYLOAD + pickle.dumps(describe(envs), PICKLE))
 
-        # the block the parent laid out from those spaces: this worker's rows only
-        command = Command.ATTACH
+        doing = "attach"  # the block the parent laid out from those spaces: this worker's rows only
         msg, fd = conn.recv_fd()
-        size, placed, obs_in_shm = decode(msg)[1]
+        size, offsets, obs_in_shm = decode(msg)[1]
         block = mmap.mmap(fd, size)
         os.close(fd)
         views = {
-            name: view[first : first + len(envs)] for name, view in shared_block.views(block, placed).items()
+            name: view[first : first + len(envs)] for name, view in shared_block.views(block, offsets).items()
         }
         group = EnvGroup(envs, views, obs_in_shm)
         conn.send(Reply.OK)
 
-        window, answered = spin, time.perf_counter()
+        window, answered, command = spin, time.perf_counter(), None
         while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
-            window = spin_window(spin, time.perf_counter() - answered)
+            doing, window = command.label, spin_window(spin, time.perf_counter() - answered)
             if command is not Command.CLOSE:
                 reply = group.run(command, arg)
                 conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
@@ -296,12 +284,11 @@ def worker_main(
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent, then this process ends
         index = first + (group.current if group is not None else k)
         with contextlib.suppress(OSError):
-            conn.send(Reply.ERROR + pickle.dumps(error_report(index, command.label, exc), PICKLE))
+            conn.send(Reply.ERROR + pickle.dumps(error_report(index, doing, exc), PICKLE))
     finally:
         close_envs(envs)
         conn.close()
-        # however the worker got here, its helpers end with it, not after it
-        if command is not Command.CLOSE:
+        if doing != "close":  # however the worker got here, its helpers end with it, not after it
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()

@@ -1,7 +1,6 @@
-"""Where a SubprocVecEnv's envs live, seen from the calling process: `WorkerPool` (worker processes,
-each stepping a slice of the envs) or `InProcessPool` (every env here). Both take the same commands
-(`send`, then `collect`) and report failures alike: `WorkerError` for an env that raised or a worker
-that died, `WorkerTimeout` for one silent too long.
+"""Where a SubprocVecEnv's envs live, seen from the calling process: WorkerPool (worker processes,
+each stepping a slice of the envs) or InProcessPool (every env here). Both take the same commands
+(`send`, then `collect`) and report failures alike (errors.py).
 
 A worker's death is seen from its process (a pidfd), not only from its pipe (an env may have forked
 a helper that keeps the pipe open), nor from multiprocessing's sentinel (all of a forkserver's turn
@@ -12,14 +11,13 @@ parent reads only what has arrived.
 from __future__ import annotations
 
 import mmap
-import multiprocessing as mp
 import os
 import pickle
 import select
 import socket
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from multiprocessing import util as mp_util
 from typing import Any
 
@@ -27,50 +25,13 @@ import cloudpickle
 import gymnasium as gym
 
 from . import process_control
+from .errors import WorkerError, WorkerTimeout, error_report, first_failure, remote_error
 from .messages import Channel, poll_without_sleeping
 from .shared_block import anonymous_file, views
-from .worker import Command, EnvGroup, Reply, close_envs, encode, error_report, hello, worker_main
+from .worker import Command, EnvGroup, Reply, close_envs, describe, encode, worker_main
 
-# seconds a worker may take to start (a process, the main script's imports) before building its envs
+# seconds a worker may take to start (a process, the main script's imports) before its envs
 STARTING = 60.0
-
-
-class WorkerError(RuntimeError):
-    """An env in a worker process raised, or a worker process died. The message says which, where
-    and why."""
-
-    def __init__(self, message: str, env_indices: Sequence[int], command: str, exitcode: int | None = None):
-        super().__init__(message)
-        self.env_indices, self.command, self.exitcode = tuple(env_indices), command, exitcode
-
-
-class WorkerTimeout(TimeoutError, mp.TimeoutError):
-    """Workers did not answer within the bound: both TimeoutErrors, as gymnasium's vector envs
-    raise."""
-
-    def __init__(self, message: str, env_indices: Sequence[int], command: str):
-        super().__init__(message)
-        self.env_indices, self.command = tuple(env_indices), command
-
-
-def first_failure(failures: dict[int, Exception]) -> Exception:
-    """The failure of the lowest env index, naming the envs that failed too: the report does not
-    depend on who answered first."""
-    ordered = sorted(failures.values(), key=lambda error: error.env_indices)
-    error = ordered[0]
-    if len(ordered) > 1:
-        error.args = (
-            f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",
-        )
-    return error
-
-
-def _remote_error(payload: tuple, where: str) -> WorkerError:
-    env_index, command, summary, remote_tb = payload
-    message = (
-        f"env {env_index} raised {summary} during '{command}' ({where}).\nWorker traceback:\n{remote_tb}"
-    )
-    return WorkerError(message, [env_index], command)
 
 
 class InProcessPool:
@@ -84,17 +45,17 @@ class InProcessPool:
                 self.envs.append(fn())
         except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be
             close_envs(self.envs)
-            raise _remote_error(error_report(len(self.envs), "make", exc), "in this process") from None
+            raise remote_error(error_report(len(self.envs), "make", exc), "in this process") from None
         self.group: EnvGroup | None = None
         self.pending: dict[int, tuple[Command, Any]] = {}
         self.replies: dict[int, Any] = {}
 
-    def hello(self, timeout: float) -> tuple:
-        return hello(self.envs)
+    def describe_envs(self, timeout: float) -> tuple:
+        return describe(self.envs)
 
-    def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
+    def attach(self, size: int, offsets: list, obs_in_shm: bool, timeout: float) -> Any:
         buffer = bytearray(size)
-        self.group = EnvGroup(self.envs, views(buffer, placed), obs_in_shm)
+        self.group = EnvGroup(self.envs, views(buffer, offsets), obs_in_shm)
         return buffer
 
     def send(self, w: int, command: Command, arg: Any = None) -> None:
@@ -112,9 +73,8 @@ class InProcessPool:
             try:
                 self.replies[w] = self.group.run(command, arg)
             except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be
-                failures[w] = _remote_error(
-                    error_report(self.group.current, command.label, exc), "in this process"
-                )
+                report = error_report(self.group.current, command.label, exc)
+                failures[w] = remote_error(report, "in this process")
         return failures
 
     def drain(self, timeout: float) -> None:
@@ -126,8 +86,8 @@ class InProcessPool:
 
 class WorkerPool:
     """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands,
-    waits for replies within a bound, replaces those that failed, and stops them all (helpers their
-    envs started included)."""
+    waits for replies within a bound, replaces those that failed, and stops them all, with the
+    helpers their envs started."""
 
     def __init__(
         self,
@@ -136,26 +96,30 @@ class WorkerPool:
         context: str,
         spin: float,
         close_timeout: float,
-        interrupt: Any = None,
+        interrupt=None,
     ):
         self.slices, self.spin, self.interrupt = slices, spin, interrupt
-        # also to rebuild a failed worker
+        # (also to rebuild a worker)
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]
         self.ctx, self.fork = process_control.get_context(context), context == "fork"
         process_control.start_helpers(context)
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
-        # workers that failed to answer in time: killed, not asked, on close
-        self.stuck: set[int] = set()
+        # workers that did not answer in time: killed, not asked, on close
+        self.timed_out: set[int] = set()
         self.poller = select.poll()  # every worker's socket and process fd
-        self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its process fd)
-        self.sentinels: list[int] = []  # readable once worker w has exited (_process_fd)
-        self.pending: dict[int, Command] = {}  # worker -> command awaiting its reply
+        # fd -> (worker, whether it is the process fd)
+        self.fd_owner: dict[int, tuple[int, bool]] = {}
+        self.exit_fds: list[int] = []  # readable once worker w has exited (_exit_fd)
+        # worker -> what its next reply answers: start, make, step, ...
+        self.pending: dict[int, str] = {}
         self.replies: dict[int, Any] = {}
         self.block_fd: int | None = None
         self.attach_message = b""
-        self.finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.stuck, close_timeout)
+        self.finalizer = weakref.finalize(
+            self, _shutdown, self.procs, self.conns, self.timed_out, close_timeout
+        )
         for w in range(len(slices)):
             self._start(w)
 
@@ -166,16 +130,16 @@ class WorkerPool:
     def envs_of(self, w: int) -> list[int]:
         return list(range(self.slices[w].start, self.slices[w].stop))
 
-    def hello(self, timeout: float) -> tuple:
-        """Every env's spaces, env 0's metadata and render mode (worker.hello)."""
+    def describe_envs(self, timeout: float) -> tuple:
+        """Every env's spaces, env 0's metadata and render mode (worker.describe)."""
         self._collect_or_raise(timeout)
         replies = [self.replies.pop(w) for w in range(len(self.slices))]
         return [spaces for reply in replies for spaces in reply[0]], *replies[0][1:]
 
-    def attach(self, size: int, placed: list, obs_in_shm: bool, timeout: float) -> Any:
+    def attach(self, size: int, offsets: list, obs_in_shm: bool, timeout: float) -> Any:
         """Maps one shared block of `size` bytes here and in every worker (each writes its own
         rows)."""
-        self.attach_message = encode(Command.ATTACH, (size, placed, obs_in_shm))
+        self.attach_message = encode(Command.ATTACH, (size, offsets, obs_in_shm))
         self.block_fd = anonymous_file(size)
         block = mmap.mmap(self.block_fd, size)
         for w in range(len(self.slices)):
@@ -189,7 +153,7 @@ class WorkerPool:
             self.conns[w].send_fd(self.attach_message, self.block_fd)
         except OSError:
             pass  # a dead worker: collect reports it
-        self.pending[w] = Command.ATTACH
+        self.pending[w] = "attach"
 
     def _collect_or_raise(self, timeout: float) -> None:
         failures = self.collect(timeout)
@@ -197,43 +161,36 @@ class WorkerPool:
             raise first_failure(failures)
 
     def _start(self, w: int) -> None:
-        """Starts worker `w` (afresh after a failure) and watches its socket and process; it answers
-        with spaces."""
+        """Starts worker `w` (afresh after a failure) and watches its socket and process."""
         parent_sock, child_sock = socket.socketpair()
         keep, give = process_control.lifeline()
         inherited = [c.fd for c in self.conns if c.fd >= 0] + [parent_sock.fileno(), keep.fileno()]
-        args = (
-            self.slices[w].start,
-            self.env_fns_bytes[w],
-            child_sock,
-            give,
-            inherited if self.fork else [],
-            self.spin,
-            self.tmpdir,
-        )
+        start, fns = self.slices[w].start, self.env_fns_bytes[w]
+        args = (start, fns, child_sock, give, inherited if self.fork else [], self.spin, self.tmpdir)
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
-        # until the worker (and a forkserver it starts) ignores them
-        with process_control.stop_signals_blocked():
+        with (
+            process_control.stop_signals_blocked()
+        ):  # until the worker (and a forkserver it starts) ignores them
             proc.start()
         child_sock.close()
-        conn, sentinel = Channel(parent_sock), _process_fd(proc)
+        conn, exit_fd = Channel(parent_sock), _exit_fd(proc)
         if w < len(self.procs):
-            self.procs[w], self.conns[w], self.sentinels[w] = proc, conn, sentinel
+            self.procs[w], self.conns[w], self.exit_fds[w] = proc, conn, exit_fd
         else:
             self.procs.append(proc)
             self.conns.append(conn)
-            self.sentinels.append(sentinel)
-        for fd, is_sentinel in ((conn.fd, False), (sentinel, True)):
+            self.exit_fds.append(exit_fd)
+        for fd, is_exit in ((conn.fd, False), (exit_fd, True)):
             self.poller.register(fd, select.POLLIN)
-            self.fd_owner[fd] = (w, is_sentinel)
-        self.pending[w] = Command.START
+            self.fd_owner[fd] = (w, is_exit)
+        self.pending[w] = "start"
 
     def send(self, w: int, command: Command, arg: Any = None) -> None:
         try:
             self.conns[w].send(encode(command, arg))
         except OSError:
             pass  # a dead worker: its process fd is readable, and collect reports it
-        self.pending[w] = command
+        self.pending[w] = command.label
 
     def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
         """poll() until something is ready or the deadline passes, first without sleeping for up to
@@ -244,16 +201,15 @@ class WorkerPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return self.poller.poll(0)
-            # poll takes an int of milliseconds
-            events = self.poller.poll(min(remaining, 3600.0) * 1000)
+            events = self.poller.poll(min(remaining, 3600.0) * 1000)  # (an int of milliseconds)
             if events:
                 return events
 
     def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
         """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`;
-        returns the failures (death, error, timeout) by worker. A worker silent past the bound stays
-        pending, so a retried wait takes its reply. The interrupt, if any (and `interruptible`),
-        ends the wait by raising, the workers still pending."""
+        returns the failures (death, error, timeout) by worker. A worker silent past the bound
+        stays pending, so a retried wait takes its reply. The interrupt, if any (and
+        `interruptible`), ends the wait by raising, the workers still pending."""
         watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
@@ -263,25 +219,30 @@ class WorkerPool:
             if watched is not None:
                 self.poller.unregister(watched)
 
+    def _bound(self, w: int, timeout: float) -> float:
+        """A worker yet to start gets STARTING; its envs' build is timed from when it says it
+        started."""
+        return max(timeout, STARTING) if self.pending[w] == "start" else timeout
+
     def _collect(self, timeout: float, watched: int | None) -> dict[int, Exception]:
-        now, failures, late = time.monotonic(), {}, set()
-        # A worker yet to start gets STARTING; its envs' build is bounded from the moment it says it
-        # has started
-        deadlines = {
-            w: now + (max(timeout, STARTING) if command is Command.START else timeout)
-            for w, command in self.pending.items()
-        }
+        now, failures, overdue = time.monotonic(), {}, set()
+        deadlines = {w: now + self._bound(w, timeout) for w in self.pending}
         waiting_for = len(self.pending)
-        while len(self.pending) > len(late):
-            # Once one worker has answered, the others' replies are awaited without sleeping, up to
-            # the workers' window
-            deadline = min(deadlines[w] for w in self.pending if w not in late)
+        while len(self.pending) > len(overdue):
+            # Once one worker has answered, the others are awaited without sleeping, up to the
+            # workers' window
+            deadline = min(deadlines[w] for w in self.pending if w not in overdue)
             events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
             if not events:
-                for w in [w for w in self.pending if w not in late and deadlines[w] <= time.monotonic()]:
-                    late.add(w)
-                    failures[w] = self._timeout(w, timeout)
-                self.stuck.update(late)  # never asked politely again: killed on restart or close
+                for w in [w for w in self.pending if w not in overdue and deadlines[w] <= time.monotonic()]:
+                    overdue.add(w)
+                    envs = self.envs_of(w)
+                    message = (
+                        f"envs {envs} did not answer '{self.pending[w]}' within {self._bound(w, timeout):g} s"
+                    )
+                    failures[w] = WorkerTimeout(f"{message} (worker {w})", envs, self.pending[w])
+                # never asked politely again: killed on restart or close
+                self.timed_out.update(overdue)
             for fd, _ in events:
                 if fd == watched:
                     self.interrupt.check()
@@ -292,57 +253,45 @@ class WorkerPool:
                         deadlines[w] = time.monotonic() + timeout
         return failures
 
-    def _timeout(self, w: int, timeout: float) -> WorkerTimeout:
-        command = self.pending[w]
-        bound = max(timeout, STARTING) if command is Command.START else timeout
-        message = f"envs {self.envs_of(w)} did not answer '{command.label}' within {bound:g} s (worker {w})"
-        return WorkerTimeout(message, self.envs_of(w), command.label)
-
-    def _read(self, w: int, is_sentinel: bool, failures: dict[int, Exception]) -> bool:
-        """Takes worker w's replies that have arrived whole, or notes its death; True if it said it
-        has started."""
+    def _read(self, w: int, is_exit: bool, failures: dict[int, Exception]) -> bool:
+        """Takes worker w's replies that have arrived whole, or notes its death; True if it said
+        it has started."""
         conn = self.conns[w]
         open_, started, replied = conn.pump(), False, False
         while (msg := conn.message()) is not None:
             if w not in self.pending:  # a reply to nobody: a protocol fault
                 failures[w] = self._death(w)
                 return started
-            # its first word: started, and building its envs now
-            if self.pending[w] is Command.START:
-                self.pending[w], started = Command.MAKE, True
+            if self.pending[w] == "start":  # its first word: started, and building its envs now
+                self.pending[w], started = "make", True
                 continue
             del self.pending[w]
-            self.stuck.discard(w)
+            self.timed_out.discard(w)
             replied = True
             payload = None if msg[:1] == Reply.OK else pickle.loads(memoryview(msg)[1:])
             if msg[:1] == Reply.ERROR:
-                failures[w] = _remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
+                failures[w] = remote_error(payload, f"worker {w}, pid {self.procs[w].pid}")
                 self._unwatch(w)  # it exits after this reply
             self.replies[w] = payload
-        # exited, or closed its pipe, without a reply
-        if not replied and (is_sentinel or not open_):
+        if not replied and (is_exit or not open_):  # exited, or closed its pipe, without a reply
             failures[w] = self._death(w)
             self.pending.pop(w, None)
         return started
 
     def _death(self, w: int) -> WorkerError:
-        proc, command = self.procs[w], self.pending.get(w)
-        label = command.label if command else "?"
+        proc, doing = self.procs[w], self.pending.get(w, "?")
         self._unwatch(w)
-        # collect the exit code; a helper may hold the pipe open
+        # its exit code; a helper may hold the pipe open
         process_control.end_processes([proc], grace=2.0)
         how = process_control.describe_exit(proc.exitcode)
-        return WorkerError(
-            f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{label}'",
-            self.envs_of(w),
-            label,
-            proc.exitcode,
-        )
+        why = process_control.unguarded_main() if doing == "start" and not self.fork else ""
+        message = f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{doing}'{why}"
+        return WorkerError(message, self.envs_of(w), doing, proc.exitcode)
 
     def _unwatch(self, w: int) -> None:
-        """Takes worker `w`'s socket and process fd out of the poll set: its exit is known, not
+        """Takes worker w's socket and process fd out of the poll set: its end is known, not
         news."""
-        for fd in (self.conns[w].fd, self.sentinels[w]):
+        for fd in (self.conns[w].fd, self.exit_fds[w]):
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
@@ -354,51 +303,52 @@ class WorkerPool:
         for w in ws:
             self._unwatch(w)
             self.conns[w].close()
-            _close_process_fd(self.sentinels[w], self.procs[w])
+            _close_exit_fd(self.exit_fds[w], self.procs[w])
             self.pending.pop(w, None)
             self.replies.pop(w, None)
-            self.stuck.discard(w)
+            self.timed_out.discard(w)
         process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
         for w in ws:
             self._start(w)
         rebuilding, failures = list(ws), {}
-        for step in ("make", "attach", "reset"):
-            for w in rebuilding:
-                if step == "attach":
-                    self._attach(w)
-                elif step == "reset":
-                    n = len(self.envs_of(w))
-                    self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+        # built (started above), then attached, then reset
+        for then in (self._attach, self._reset, None):
             failures.update(self.collect(timeout))  # only the rebuilt workers are pending
-            rebuilding = [w for w in rebuilding if w not in failures]
-            # a rebuild that timed out is not waited for again (it is killed, being stuck)
-            for w in failures:
+            for w in failures:  # a rebuild that timed out is not waited for again (it is killed)
                 self.pending.pop(w, None)
-            for w in rebuilding if step == "make" else []:
-                check_spaces(self.slices[w].start, self.replies.pop(w)[0])
+            for w in [w for w in rebuilding if w not in failures]:
+                if then is self._attach:
+                    check_spaces(self.slices[w].start, self.replies.pop(w)[0])
+                if then is not None:
+                    then(w)
+            rebuilding = [w for w in rebuilding if w not in failures]
         return {w: self.replies.pop(w) for w in rebuilding}, failures
 
+    def _reset(self, w: int) -> None:
+        n = len(self.envs_of(w))
+        self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+
     def drain(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not known to be stuck) up to `timeout` seconds to
+        """Gives the replies under way (of workers not timed out) up to `timeout` seconds to
         arrive."""
         deadline = time.monotonic() + timeout
-        while set(self.pending) - self.stuck and time.monotonic() < deadline:
+        while set(self.pending) - self.timed_out and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)
-        self.stuck.update(self.pending)
+        self.timed_out.update(self.pending)
 
     def close(self, timeout: float) -> None:
         """Asks every worker to exit, waits up to `timeout`, then kills what is left, helpers
         included."""
         self.finalizer.detach()
-        for fd, proc in zip(self.sentinels, self.procs, strict=True):
-            _close_process_fd(fd, proc)
-        _shutdown(self.procs, self.conns, self.stuck, timeout)
+        for fd, proc in zip(self.exit_fds, self.procs, strict=True):
+            _close_exit_fd(fd, proc)
+        _shutdown(self.procs, self.conns, self.timed_out, timeout)
         if self.block_fd is not None:
             os.close(self.block_fd)
             self.block_fd = None
 
 
-def _process_fd(proc: Any) -> int:
+def _exit_fd(proc: Any) -> int:
     """A file descriptor readable once `proc` has exited: a pidfd (Linux 5.3+), else
     multiprocessing's sentinel."""
     try:
@@ -407,21 +357,21 @@ def _process_fd(proc: Any) -> int:
         return proc.sentinel
 
 
-def _close_process_fd(fd: int, proc: Any) -> None:
+def _close_exit_fd(fd: int, proc: Any) -> None:
     if fd != proc.sentinel:  # multiprocessing closes its own
         os.close(fd)
 
 
-def _shutdown(procs: list, conns: list, stuck: set[int], timeout: float) -> None:
-    """Asks workers to exit, waits up to `timeout`, then kills what is left (also at exit, for a vec
-    env never closed)."""
+def _shutdown(procs: list, conns: list, timed_out: set[int], timeout: float) -> None:
+    """Asks workers to exit, waits up to `timeout`, then kills what is left (also at exit, for a
+    vec env never closed)."""
     for w, conn in enumerate(conns):
-        if w not in stuck:
+        if w not in timed_out:
             try:
                 conn.send(encode(Command.CLOSE))
             except (OSError, ValueError):
                 pass
-    process_control.end_processes([proc for w, proc in enumerate(procs) if w in stuck], grace=0.0)
+    process_control.end_processes([proc for w, proc in enumerate(procs) if w in timed_out], grace=0.0)
     process_control.end_processes(procs, grace=timeout)
     for conn in conns:
         conn.close()

@@ -338,9 +338,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                     # a stop ends the run here, and saves the last iteration boundary
                     run.stop_if_asked()
                     mb_inds = to_torch(b_inds[start : start + minibatch_size])
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                        b_obs[mb_inds], b_actions[mb_inds]
-                    )
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
 

@@ -68,10 +68,7 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args()
-    print(
-        "| env | N | A steps/s | B steps/s | B / A (medians) | B / A (median of pairs) | A's "
-        "layout | B's layout |"
-    )
+    print("| env | N | A steps/s | B steps/s | B / A (medians) | B / A (median of pairs) | A's layout | B's layout |")
     print("|---|---|---|---|---|---|---|---|")
     for env in args.envs:
         for n in args.num_envs:

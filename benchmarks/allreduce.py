@@ -32,11 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group(args.backend)
     try:
-        device = (
-            torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-            if args.backend == "nccl"
-            else torch.device("cpu")
-        )
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if args.backend == "nccl" else torch.device("cpu")
         numel = sum(p.numel() for p in ppo_atari_multigpu.Agent(4).parameters())
         grads = torch.ones(numel, device=device)
         times = []

@@ -38,9 +38,7 @@ def make_atari_env(env_id):
 
     def thunk():
         env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, frameskip=1))
-        env = gym.wrappers.AtariPreprocessing(
-            env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True
-        )
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
         env = gym.wrappers.ClipReward(FireResetEnv(EpisodicLifeEnv(env)), -1.0, 1.0)
         return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -85,9 +83,7 @@ def main():
     atari = "NoFrameskip" in args.env_id or args.env_id.startswith("ALE/")
     clip_coef, num_minibatches, update_epochs, gamma, gae_lambda = (0.1 if atari else 0.2), 4, 4, 0.99, 0.95
     torch.manual_seed(1)
-    env_fns = [
-        make_atari_env(args.env_id) if atari else make_classic_env(args.env_id) for i in range(args.num_envs)
-    ]
+    env_fns = [make_atari_env(args.env_id) if atari else make_classic_env(args.env_id) for i in range(args.num_envs)]
     envs = gym.vector.SyncVectorEnv(env_fns)
     n = envs.single_action_space.n
     obs_dim = int(np.prod(envs.single_observation_space.shape))
@@ -138,9 +134,7 @@ def main():
             np.random.shuffle(b_inds)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = b_inds[start : start + minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                    b_obs[mb_inds], b_actions.long()[mb_inds]
-                )
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
                 with torch.no_grad():
@@ -151,14 +145,9 @@ def main():
                     -mb_advantages * ratio, -mb_advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
                 )
                 newvalue = newvalue.view(-1)
-                v_clipped = b_values[mb_inds] + torch.clamp(
-                    newvalue - b_values[mb_inds], -clip_coef, clip_coef
-                )
+                v_clipped = b_values[mb_inds] + torch.clamp(newvalue - b_values[mb_inds], -clip_coef, clip_coef)
                 v_loss = (
-                    0.5
-                    * torch.max(
-                        (newvalue - b_returns[mb_inds]) ** 2, (v_clipped - b_returns[mb_inds]) ** 2
-                    ).mean()
+                    0.5 * torch.max((newvalue - b_returns[mb_inds]) ** 2, (v_clipped - b_returns[mb_inds]) ** 2).mean()
                 )
                 loss = pg_loss.mean() - 0.01 * entropy.mean() + v_loss * 0.5
                 optimizer.zero_grad()

@@ -112,8 +112,7 @@ def main() -> None:
             estimate = there - here + s * (n - math.ceil(n / w))
             estimates.append(estimate)
             lines.append(
-                f"| {n} | {s * 1e6:.0f} us | {here * 1e6:.0f} us | {there * 1e6:.0f} us | "
-                f"{estimate * 1e6:.0f} us |"
+                f"| {n} | {s * 1e6:.0f} us | {here * 1e6:.0f} us | {there * 1e6:.0f} us | {estimate * 1e6:.0f} us |"
             )
             print(lines[-1], flush=True)
     low, high = (np.percentile(estimates, q) * 1e6 for q in (25, 75))
@@ -123,8 +122,7 @@ def main() -> None:
         "",
     ]
     lines += [
-        "Real envs: the layout the rule picks (the env's step timed as the probe times it) "
-        "against both, measured.",
+        "Real envs: the layout the rule picks (the env's step timed as the probe times it) against both, measured.",
         "",
         "| env | n | probe's CPU per step | this process | workers | estimate of the round trip | "
         "the rule picks | "

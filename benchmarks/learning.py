@@ -53,9 +53,7 @@ PENDULUM += " --learning-rate 1e-3 --update-epochs 10 --num-minibatches 8 --ent-
 ACROBOT = "--env-id Acrobot-v1 --num-envs 16"
 # CleanRL's continuous-control settings (ppo_continuous_action.py) on 8 envs x 256 steps: the same
 # batch of 2048
-MUJOCO = (
-    "--num-envs 8 --num-steps 256 --learning-rate 3e-4 --num-minibatches 32 --update-epochs 10 --ent-coef 0"
-)
+MUJOCO = "--num-envs 8 --num-steps 256 --learning-rate 3e-4 --num-minibatches 32 --update-epochs 10 --ent-coef 0"
 MUJOCO_ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5"]
 CLEANRL_MUJOCO = {  # CleanRL's published ppo_continuous_action.py results, v4 envs, 1M steps, 3 seeds
     "HalfCheetah-v5": "1442.6 +- 46.0 (v4)",
@@ -105,9 +103,7 @@ def commands(case: str, seeds: list[int] | None) -> tuple[str, dict[str, list[st
         target = "at or above CleanRL's mean on each env (theirs v4, ours v5)"
         flags = [*MUJOCO.split(), "--total-timesteps", "1000000"]
         runs = [(env, seed) for env in MUJOCO_ENVS for seed in seeds or [1, 2, 3]]
-        return target, {
-            f"{env} seed {s}": [VEC, "--env-id", env, *flags, "--seed", str(s)] for env, s in runs
-        }
+        return target, {f"{env} seed {s}": [VEC, "--env-id", env, *flags, "--seed", str(s)] for env, s in runs}
     if case in OTHER_CASES:
         return OTHER_CASES[case]
     target, flags, default_seeds = VEC_CASES[case]
@@ -125,9 +121,7 @@ def main() -> None:
     parser.add_argument("case", choices=sorted(VEC_CASES) + sorted(OTHER_CASES) + ["mujoco"])
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds to run instead of the case's own")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument(
-        "--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept"
-    )
+    parser.add_argument("--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept")
     parser.add_argument("--finished-only", action="store_true", help="with --runs: summarize what finished")
     args = parser.parse_args()
     target, cmds = commands(args.case, args.seeds)
@@ -145,11 +139,7 @@ def main() -> None:
     if args.runs is None:
         args.runs = Path(tempfile.mkdtemp(prefix=f"learning-{args.case}-"))
     print(f"runs go to {args.runs} (kept: summarize them again with --runs {args.runs})", flush=True)
-    todo = {
-        label: cmd
-        for label, cmd in cmds.items()
-        if not (args.runs / label.replace(" ", "_") / "runs").exists()
-    }
+    todo = {label: cmd for label, cmd in cmds.items() if not (args.runs / label.replace(" ", "_") / "runs").exists()}
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in [
             pool.submit(run, label, cmd, args.runs / label.replace(" ", "_")) for label, cmd in todo.items()
@@ -158,10 +148,8 @@ def main() -> None:
 
     lines = [
         f"Learning, {args.case} (target: {target}). Machine: {MACHINE}.",
-        f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw "
-        "return of its last 20",
-        "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% "
-        "bootstrap interval.",
+        f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw return of its last 20",
+        "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% bootstrap interval.",
         "",
         "| run | command | episodes | last-20 mean return |",
         "|---|---|---|---|",
@@ -174,9 +162,7 @@ def main() -> None:
         finals[label] = report.final_return(run_dir)
         curves[label] = smoothed(steps, returns, 20)
         diagnostics[label] = {
-            tag: smoothed(*zip(*scalars[tag], strict=True), 5, points=150)
-            for tag in DIAGNOSTICS
-            if scalars.get(tag)
+            tag: smoothed(*zip(*scalars[tag], strict=True), 5, points=150) for tag in DIAGNOSTICS if scalars.get(tag)
         }
         shown = " ".join(Path(c).name if c in (VEC, ATARI) else c for c in cmd)
         lines.append(f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |")

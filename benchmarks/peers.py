@@ -72,9 +72,7 @@ def envpool_vector(n: int, **changes: Any) -> Any:
     without EnvPool."""
     import envpool
 
-    return envpool.make_gymnasium(
-        "Breakout-v5", num_envs=n, batch_size=n, seed=0, **(ENVPOOL_ALIKE | changes)
-    )
+    return envpool.make_gymnasium("Breakout-v5", num_envs=n, batch_size=n, seed=0, **(ENVPOOL_ALIKE | changes))
 
 
 # gymnasium's own wrappers, and the two DeepMind wrappers gymnasium lacks, as CleanRL stacks them:
@@ -150,9 +148,7 @@ def gymnasium_chain(env: gym.Env, noop_max: int = 30) -> gym.Env:
     below life loss and reward clipping, so the returns it reports are raw full-game scores.
     AtariPipeline gives the same numbers, faster (tested)."""
     env = gym.wrappers.RecordEpisodeStatistics(ScreenSpace(env))
-    env = gym.wrappers.AtariPreprocessing(
-        env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True
-    )
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=4, screen_size=84, grayscale_obs=True)
     env = EpisodicLifeEnv(env)
     if env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]:
         env = FireResetEnv(env)

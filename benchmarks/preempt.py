@@ -72,9 +72,7 @@ def check_curve(run_dir: Path, batch: int, total: int) -> tuple[int, float]:
     expected = [batch * (i + 1) for i in range(iterations)]
     for tag in ("losses/value_loss", "losses/policy_loss", "charts/learning_rate", "charts/SPS"):
         steps = [step for step, _ in scalars[tag]]
-        assert steps == expected, (
-            f"{tag}: {len(steps)} points for {iterations} iterations; repeated or missing steps"
-        )
+        assert steps == expected, f"{tag}: {len(steps)} points for {iterations} iterations; repeated or missing steps"
     episodes = [step for step, _ in scalars["charts/episodic_return"]]
     assert episodes == sorted(episodes), "episode steps go back: an iteration was logged twice"
     returns = [value for _, value in scalars["charts/episodic_return"]]
@@ -86,9 +84,7 @@ def main() -> None:
     parser.add_argument("--stops", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=500_000)
-    parser.add_argument(
-        "--num-workers", type=int, default=2, help="env worker processes (0: envs in the trainer)"
-    )
+    parser.add_argument("--num-workers", type=int, default=2, help="env worker processes (0: envs in the trainer)")
     parser.add_argument("--batch", type=int, default=1024, help="ppo_vec.py's default num-envs x num-steps")
     parser.add_argument("--stop-seed", type=int, default=0, help="seeds the stop moments and signal orders")
     args = parser.parse_args()

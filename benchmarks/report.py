@@ -21,9 +21,7 @@ def save(stem: str, lines: list[str], data: dict):
     matplotlib.pyplot for the plot, or None."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(
-        json.dumps({"machine": MACHINE, **data}, separators=(",", ":")) + "\n"
-    )
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"machine": MACHINE, **data}, separators=(",", ":")) + "\n")
     print("\n".join(lines))
     return pyplot()
 
@@ -49,9 +47,7 @@ def save_png(fig_or_path, path: Path | None = None) -> Path:
         path = Path(fig_or_path)
     else:
         fig_or_path.savefig(path, dpi=100)
-    Image.open(path).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(
-        path, optimize=True
-    )
+    Image.open(path).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     return path
 
 

@@ -47,12 +47,8 @@ def param(default, source: str):
 
 @dataclass
 class Parameters:
-    ale_steps_per_core: float = param(
-        2100.0, "measured (--measure): one Breakout of make_env, random actions"
-    )
-    roundtrip_seconds: float = param(
-        150e-6, "measured (--measure): SubprocVecEnv step of do-nothing 4x84x84 envs"
-    )
+    ale_steps_per_core: float = param(2100.0, "measured (--measure): one Breakout of make_env, random actions")
+    roundtrip_seconds: float = param(150e-6, "measured (--measure): SubprocVecEnv step of do-nothing 4x84x84 envs")
     inference_seconds: float = param(
         0.6e-3,
         "per rollout step on a GPU; ASSUMED: launch-bound CNN forward of 8 stacks, ~20 kernels + 2 copies",
@@ -65,9 +61,7 @@ class Parameters:
     nvlink_busbw: float = param(100e9, "bytes/s in a node; ASSUMED: NVLink nccl-tests bus bandwidth at ~7 MB")
     network_busbw: float = param(12e9, "bytes/s across nodes; ASSUMED: one 100 Gb/s NIC per node")
     latency_seconds: float = param(20e-6, "per ring step; ASSUMED: NCCL small-message latency")
-    cores_per_gpu: int = param(
-        12, "ASSUMED: 96 vCPUs for 8 GPUs (AWS p4d.24xlarge; a DGX H100 has 224 threads)"
-    )
+    cores_per_gpu: int = param(12, "ASSUMED: 96 vCPUs for 8 GPUs (AWS p4d.24xlarge; a DGX H100 has 224 threads)")
     local_num_envs: int = param(8, "the script's default")
     num_steps: int = param(128, "the script's default")
 
@@ -174,9 +168,7 @@ def measure(p: Parameters, device: str, iterations: int) -> dict[str, float]:
         cmd += [] if device == "cuda" else ["--no-cuda"]
         subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, timeout=900)
         scalars = read_scalars(next((Path(cwd) / "runs").iterdir()))
-    part = {
-        name: [v for _, v in scalars[f"perf/{name}_seconds"]][1:] for name in ("env", "inference", "update")
-    }
+    part = {name: [v for _, v in scalars[f"perf/{name}_seconds"]][1:] for name in ("env", "inference", "update")}
     found["inference_seconds"] = statistics.median(part["inference"]) / p.num_steps
     found["update_seconds"] = statistics.median(part["update"])
     found["run_env_seconds"] = statistics.median(part["env"])  # what the model's env part is checked against
@@ -185,15 +177,9 @@ def measure(p: Parameters, device: str, iterations: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--measure", action="store_true", help="replace the measured parameters by this machine's"
-    )
-    parser.add_argument(
-        "--device", default="cpu", choices=["cpu", "cuda"], help="where --measure runs the agent"
-    )
-    parser.add_argument(
-        "--iterations", type=int, default=6, help="of the measuring run (the first is not counted)"
-    )
+    parser.add_argument("--measure", action="store_true", help="replace the measured parameters by this machine's")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where --measure runs the agent")
+    parser.add_argument("--iterations", type=int, default=6, help="of the measuring run (the first is not counted)")
     for f in fields(Parameters):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     args = parser.parse_args()
@@ -218,10 +204,7 @@ def main() -> None:
     print("parameters:")
     for f in fields(Parameters):
         print(f"  {f.name} = {getattr(p, f.name):.4g}  ({source[f.name]})")
-    print(
-        f"\nPREDICTED SPS of ppo_atari_multigpu.py, {p.cores_per_gpu} cores per GPU (a model, not "
-        "a measurement):\n"
-    )
+    print(f"\nPREDICTED SPS of ppo_atari_multigpu.py, {p.cores_per_gpu} cores per GPU (a model, not a measurement):\n")
     print("| GPUs | env s | inference s | update s | all-reduce s | SPS | speedup | efficiency |")
     print("|---|---|---|---|---|---|---|---|")
     for row in predict(p):

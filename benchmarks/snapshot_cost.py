@@ -100,8 +100,7 @@ def main() -> None:
         wall, cpu = (statistics.median(r[key] for r in kept) for key in ("wall", "cpu"))
         data[label] = {"kept": kept, "not kept": not_kept}
         share = {
-            key: f"{value * 1e3:.1f} ms ({100 * value / with_it:.1f}%)"
-            for key, value in (("wall", wall), ("cpu", cpu))
+            key: f"{value * 1e3:.1f} ms ({100 * value / with_it:.1f}%)" for key, value in (("wall", wall), ("cpu", cpu))
         }
         rows.append(
             f"| {label} | {with_it:.3f} s | {without:.3f} s | {100 * (with_it / without - 1):+.1f}% | "

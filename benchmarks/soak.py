@@ -63,9 +63,7 @@ def run(env_id: str, args, extra: list[str]) -> dict:
         cmd = [sys.executable, str(REPO / "ppo_vec.py"), "--env-id", env_id, "--seed", str(args.seed)]
         cmd += ["--total-timesteps", str(args.total_timesteps), *extra]
         env = dict(os.environ, PYTHONPATH=str(REPO), SOAK_CRASH_EVERY=str(args.crash_every))
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         memory, start = [], time.monotonic()
         while proc.poll() is None:
             memory.append((time.monotonic() - start, tree_rss_mb(proc.pid)))

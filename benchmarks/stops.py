@@ -81,15 +81,11 @@ class Case:
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CASES = {
-    "vec-default": Case(
-        "ppo_vec.py", ["--env-id", "CartPole-v1", "--num-envs", "8"], 1024, SIGNALS, "trainer"
-    ),
+    "vec-default": Case("ppo_vec.py", ["--env-id", "CartPole-v1", "--num-envs", "8"], 1024, SIGNALS, "trainer"),
     "vec-in-process": Case("ppo_vec.py", [*VEC_TINY, "--num-workers", "0"], 128, SIGNALS, "trainer"),
     "vec-workers": Case("ppo_vec.py", [*VEC_TINY, "--num-workers", "2"], 128, SIGNALS, "all"),
     "atari-1": Case("ppo_atari_multigpu.py", [*ATARI_TINY, "--num-workers", "1"], 16, SIGNALS, "all"),
-    "atari-2": Case(
-        "ppo_atari_multigpu.py", [*ATARI_TINY, "--num-workers", "1"], 32, (signal.SIGTERM,), "all", 2
-    ),
+    "atari-2": Case("ppo_atari_multigpu.py", [*ATARI_TINY, "--num-workers", "1"], 32, (signal.SIGTERM,), "all", 2),
     "crashing": Case(
         "ppo_vec.py",
         [
@@ -208,8 +204,7 @@ def one_stop(case: Case, total: int, seconds: float, rng: random.Random, sig: si
             if proc.returncode == 0:
                 return {"outcome": "finished first", "delay": delay}
             return {
-                "outcome": f"failed before the signal, exit {proc.returncode}: "
-                f"{err.strip().splitlines()[-3:]}",
+                "outcome": f"failed before the signal, exit {proc.returncode}: {err.strip().splitlines()[-3:]}",
                 "delay": delay,
                 "seconds": 0.0,
                 "exit": proc.returncode,
@@ -340,16 +335,12 @@ def main() -> None:
         if name != "all":
             everything += rows
             failures += [
-                f"- {name}: {r['signal']} at {r['delay']:.1f} s: {r['outcome']}"
-                for r in rows
-                if r["outcome"] != "ok"
+                f"- {name}: {r['signal']} at {r['delay']:.1f} s: {r['outcome']}" for r in rows if r["outcome"] != "ok"
             ]
         if rows:
             times = [r["seconds"] for r in rows]
             failed = sum(r["outcome"] != "ok" for r in rows)
-            lines.append(
-                f"| {name} | {len(rows)} | {failed} | {statistics.median(times):.2f} s | {max(times):.2f} s |"
-            )
+            lines.append(f"| {name} | {len(rows)} | {failed} | {statistics.median(times):.2f} s | {max(times):.2f} s |")
     lines += ["", "Failures:" if failures else "No stop failed.", *failures]
     print("\n" + "\n".join(lines))
     (RESULTS / "stops.md").write_text("\n".join(lines) + "\n")

@@ -68,9 +68,7 @@ def cleanrl_python() -> str:
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([*pip[:-2], "download", "-q", "--no-deps", "ale-py==0.9.1", "-d", tmp], check=True)
             wheel = next(Path(tmp).glob("ale_py-0.9.1-*.whl"))
-            subprocess.run(
-                ["unzip", "-oq", "-j", str(wheel), "ale_py/roms/*.bin", "-d", f"{tmp}/roms"], check=True
-            )
+            subprocess.run(["unzip", "-oq", "-j", str(wheel), "ale_py/roms/*.bin", "-d", f"{tmp}/roms"], check=True)
             subprocess.run([str(CLEANRL_VENV / "bin" / "ale-import-roms"), f"{tmp}/roms"], check=True)
     return python
 
@@ -103,15 +101,9 @@ def main() -> None:
     parser.add_argument("--no-atari", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--baseline", help="a git revision whose scripts run beside today's, interleaved")
-    parser.add_argument(
-        "--cleanrl", type=Path, help="a checkout of CleanRL: its scripts run beside ours, interleaved"
-    )
-    parser.add_argument(
-        "--hopper", action="store_true", help="with --cleanrl: a 1M-step Hopper run of each, once"
-    )
-    parser.add_argument(
-        "--hopper-steps", type=int, default=1_000_000, help="with --hopper: the runs' total steps"
-    )
+    parser.add_argument("--cleanrl", type=Path, help="a checkout of CleanRL: its scripts run beside ours, interleaved")
+    parser.add_argument("--hopper", action="store_true", help="with --cleanrl: a 1M-step Hopper run of each, once")
+    parser.add_argument("--hopper-steps", type=int, default=1_000_000, help="with --hopper: the runs' total steps")
     args = parser.parse_args()
     if args.quick:
         args.num_envs, args.repetitions, args.no_atari = [1, 8], 1, True
@@ -135,9 +127,7 @@ def main() -> None:
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
 
     def published(script: str, *flags: str) -> tuple[list[str], dict]:
-        return [cleanrl["python"], str(cleanrl["dir"] / "cleanrl" / script), *flags, "--no-cuda"], cleanrl[
-            "env"
-        ]
+        return [cleanrl["python"], str(cleanrl["dir"] / "cleanrl" / script), *flags, "--no-cuda"], cleanrl["env"]
 
     cases = {}  # label -> {backend: (argv, environment or None)}
     for n in args.num_envs:
@@ -204,15 +194,10 @@ def write_report(samples, args, hopper=None) -> None:
     extra = [name for name in ("baseline", "CleanRL") if getattr(args, name.lower())]
     also = "".join(f" --{name.lower()} {getattr(args, name.lower())}" for name in extra)
     lines = [
-        f"Training SPS, median of {args.repetitions} interleaved runs; reference: "
-        "benchmarks/cleanrl_reference.py",
+        f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
         "(a CleanRL-style loop over SyncVectorEnv)"
         + (f"; baseline: the scripts at git revision {args.baseline}" if args.baseline else "")
-        + (
-            "; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own"
-            if args.cleanrl
-            else ""
-        )
+        + ("; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own" if args.cleanrl else "")
         + f". Machine: {machine}.",
         f"Command: `python benchmarks/train_speed.py{also}`.",
         "Per-iteration seconds of ours (medians): env wait / inference and bookkeeping / update.",
@@ -254,9 +239,7 @@ def write_report(samples, args, hopper=None) -> None:
     if plt is None:
         return
     points = sorted(
-        (int(label.split(", ")[1].split()[0]), v)
-        for label, v in summary.items()
-        if label.startswith("CartPole")
+        (int(label.split(", ")[1].split()[0]), v) for label, v in summary.items() if label.startswith("CartPole")
     )
     if points:
         fig, ax = plt.subplots(figsize=(6, 4))

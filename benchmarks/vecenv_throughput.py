@@ -99,9 +99,7 @@ def builders(env_name: str, n: int) -> dict:
         if env_name == "CartPole-v1":
             import envpool
 
-            found["EnvPool"] = lambda: gym_runner(
-                "EnvPool", envpool.make_gymnasium("CartPole-v1", num_envs=n)
-            )
+            found["EnvPool"] = lambda: gym_runner("EnvPool", envpool.make_gymnasium("CartPole-v1", num_envs=n))
         else:  # set up as ours, see benchmarks/peers.py (tests/test_atari_peers.py checks it)
             found["EnvPool"] = lambda: gym_runner("EnvPool", peers.envpool_vector(n))
     if env_name != "CartPole-v1":
@@ -189,13 +187,9 @@ def main() -> None:
     parser.add_argument("--num-envs", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="minimum length of one measurement")
-    parser.add_argument(
-        "--puffer", action="store_true", help="also PufferLib, from benchmarks/.venv-pufferlib"
-    )
+    parser.add_argument("--puffer", action="store_true", help="also PufferLib, from benchmarks/.venv-pufferlib")
     parser.add_argument("--quick", action="store_true", help="N=8 only, 2 repetitions")
-    parser.add_argument(
-        "--replot", action="store_true", help="redraw the PNG from the last JSON, measure nothing"
-    )
+    parser.add_argument("--replot", action="store_true", help="redraw the PNG from the last JSON, measure nothing")
     parser.add_argument("--puffer-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.puffer_child:
@@ -243,13 +237,11 @@ def main() -> None:
 def write_report(results, layouts, args) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     lines = [
-        f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), "
-        "and the ratio",
+        f"Env steps/s with random actions (median of {args.repetitions} interleaved repetitions), and the ratio",
         f"to gymnasium's SyncVectorEnv at the same N. Machine: {MACHINE}.",
         f"Command: `python benchmarks/vecenv_throughput.py{' --puffer' if args.puffer else ''}`.",
         "ours (default): the layout SubprocVecEnv measures and picks (below); in-process: every env in the",
-        f"calling process; workers: one worker per core ({CORES}). PufferLib: Multiprocessing, "
-        "best of 1 and 2",
+        f"calling process; workers: one worker per core ({CORES}). PufferLib: Multiprocessing, best of 1 and 2",
         "workers.",
         "",
         "| env | N | " + " | ".join(backends) + " |",
@@ -257,9 +249,7 @@ def write_report(results, layouts, args) -> None:
     ]
     for env_name, n in dict.fromkeys((r["env"], r["n"]) for r in results):
         row = {r["backend"]: r for r in results if r["env"] == env_name and r["n"] == n}
-        cells = [
-            f"{row[b]['median'] / 1000:.2f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends
-        ]
+        cells = [f"{row[b]['median'] / 1000:.2f}k ({row[b]['ratio']:.2f}x)" if b in row else "-" for b in backends]
         lines.append(f"| {env_name} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "The layout ours (default) picked, with what it measured:", ""]
     lines += [f"- {key}: {layout}" for key, layout in layouts.items()]
@@ -272,21 +262,15 @@ def plot(plt, results, machine) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     envs = list(dict.fromkeys(r["env"] for r in results))
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
-    colors = dict(
-        zip(backends, plt.get_cmap("tab10" if len(backends) <= 10 else "tab20").colors, strict=False)
-    )
+    colors = dict(zip(backends, plt.get_cmap("tab10" if len(backends) <= 10 else "tab20").colors, strict=False))
     for ax, env_name in zip(axes[0], envs, strict=True):
         for backend in backends:
-            points = sorted(
-                (r["n"], r["median"]) for r in results if r["env"] == env_name and r["backend"] == backend
-            )
+            points = sorted((r["n"], r["median"]) for r in results if r["env"] == env_name and r["backend"] == backend)
             if points:
                 style = "-o" if backend.startswith("ours") else "--s"
                 ax.plot(*zip(*points, strict=True), style, label=backend, color=colors[backend])
         ax.set(title=env_name, xlabel="number of envs N", ylabel="env steps/s", xscale="log", yscale="log")
-        ax.set_xticks(
-            sorted({r["n"] for r in results}), labels=[str(n) for n in sorted({r["n"] for r in results})]
-        )
+        ax.set_xticks(sorted({r["n"] for r in results}), labels=[str(n) for n in sorted({r["n"] for r in results})])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"Vector env throughput, {machine}")

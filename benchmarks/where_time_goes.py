@@ -106,13 +106,8 @@ def measure(n: int, spin: float, steps: int) -> dict[str, float]:
     skip = 100  # the first steps: caches and branch predictors warming up
     # a worker's step spans its envs' steps
     logs = [np.load(os.path.join(TRACE_DIR, f"{pid}.npy")) for pid in pids]
-    logs = [
-        log[: len(log) // k * k].reshape(-1, k, 2)
-        for log, k in zip(logs, map(len, worker_slices(n)), strict=True)
-    ]
-    logs = np.stack(
-        [np.stack([log[:, 0, 0], log[:, -1, 1]], axis=-1)[skip : steps - steps % 500] for log in logs]
-    )
+    logs = [log[: len(log) // k * k].reshape(-1, k, 2) for log, k in zip(logs, map(len, worker_slices(n)), strict=True)]
+    logs = np.stack([np.stack([log[:, 0, 0], log[:, -1, 1]], axis=-1)[skip : steps - steps % 500] for log in logs])
     calls = np.array(calls)[skip : steps - steps % 500]
     busy = logs[:, :, 1] - logs[:, :, 0]
     slowest = busy.max(axis=0)
@@ -166,9 +161,7 @@ def no_coordination(n: int, steps: int) -> float:
                 times.append(queue.get(timeout=1.0))
             except queue_module.Empty:
                 if any(proc.exitcode not in (None, 0) for proc in procs):
-                    raise RuntimeError(
-                        "a process stepping envs alone failed (its traceback is above)"
-                    ) from None
+                    raise RuntimeError("a process stepping envs alone failed (its traceback is above)") from None
     finally:
         for proc in procs:
             proc.join(timeout=10)
@@ -277,13 +270,9 @@ def schedule(n: int, steps: int, seed: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", nargs="+", type=int, default=[8, 16])
-    parser.add_argument(
-        "--spin", nargs="+", type=float, default=[300e-6, 0.02], help="worker_spin values (s)"
-    )
+    parser.add_argument("--spin", nargs="+", type=float, default=[300e-6, 0.02], help="worker_spin values (s)")
     parser.add_argument("--steps", type=int, default=2100, help="steps per repetition")
     parser.add_argument("--repetitions", type=int, default=3)
     args = parser.parse_args()
@@ -300,8 +289,7 @@ def main() -> None:
         f"--steps {args.steps} --repetitions {args.repetitions}`. Milliseconds per step (medians of the "
         "repetitions' means); shares of the period in brackets.",
         "",
-        "| N | worker_spin | steps/s | period | busy (mean worker) | wait for the slowest | rest "
-        "| busy per env step |",
+        "| N | worker_spin | steps/s | period | busy (mean worker) | wait for the slowest | rest | busy per env step |",
         "|---|---|---|---|---|---|---|---|",
     ]
     data: dict[str, list] = {}
@@ -330,9 +318,7 @@ def main() -> None:
         for rep in range(args.repetitions):
             for spin in args.spin:
                 samples[spin].append(measure(n, spin, args.steps))
-                print(
-                    f"N={n} spin={spin:g} rep {rep}: {samples[spin][-1]['steps/s']:.0f} steps/s", flush=True
-                )
+                print(f"N={n} spin={spin:g} rep {rep}: {samples[spin][-1]['steps/s']:.0f} steps/s", flush=True)
             alone.append(no_coordination(n, args.steps))
             ale.append(ale_py(n, args.steps))
             split.append(halves(n, args.steps))
@@ -363,10 +349,7 @@ def main() -> None:
             f"{m['fixed split, game resets as a step']:.3f} | "
             f"{m['game resets']:.1%} | {m['lost lives']:.1%} | {1 / m['games per env step']:.0f} |"
         )
-        rows = {
-            f"ours, worker_spin {spin * 1e3:g} ms": [r["steps/s"] for r in runs]
-            for spin, runs in samples.items()
-        }
+        rows = {f"ours, worker_spin {spin * 1e3:g} ms": [r["steps/s"] for r in runs] for spin, runs in samples.items()}
         rows |= {
             f"no coordination ({CORES} processes alone)": alone,
             "ale-py AtariVectorEnv": ale,

@@ -181,9 +181,7 @@ class SubprocVecEnv(VectorEnv):
         if self._actions_in_shm:
             actions = np.asarray(actions)
             if actions.ndim == 0:
-                raise TypeError(
-                    f"step() needs one action per env ({self.num_envs}), got the scalar {actions}"
-                )
+                raise TypeError(f"step() needs one action per env ({self.num_envs}), got the scalar {actions}")
         else:
             actions = list(iterate(self.action_space, actions))
         if len(actions) != self.num_envs:
@@ -220,15 +218,11 @@ class SubprocVecEnv(VectorEnv):
             obs_list, extras = reply
             for k, final, info in extras:
                 if final is not None:
-                    infos = self._add_info(
-                        infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k
-                    )
+                    infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k)
                 infos = self._add_info(infos, info, sl.start + k)
             self._store_obs(w, obs_list)
         self._last_obs = self._observations()
-        rewards, terminations, truncations = (
-            self._views[k].copy() for k in ("rewards", "terminations", "truncations")
-        )
+        rewards, terminations, truncations = (self._views[k].copy() for k in ("rewards", "terminations", "truncations"))
         return self._last_obs, rewards, terminations, truncations, infos
 
     # call, attributes, states
@@ -309,9 +303,7 @@ class SubprocVecEnv(VectorEnv):
         if self._pool is None:
             return
         if self._state is not AsyncState.DEFAULT and not self._closing_on_exception:
-            pending = (
-                f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
-            )
+            pending = f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
             warnings.warn(pending, UserWarning, stacklevel=3)
         self._pool.drain(timeout)
         self._state = AsyncState.DEFAULT
@@ -352,9 +344,7 @@ class SubprocVecEnv(VectorEnv):
             self.num_envs, obs_space, act_space, shared_memory
         )
         offsets, size = shared_block.layout(fields)
-        self._views = shared_block.views(
-            self._pool.attach(size, offsets, self._obs_in_shm, self._bound), offsets
-        )
+        self._views = shared_block.views(self._pool.attach(size, offsets, self._obs_in_shm, self._bound), offsets)
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
 
     def _check_spaces(self, first: int, spaces: list) -> None:
@@ -371,9 +361,7 @@ class SubprocVecEnv(VectorEnv):
         if self._failed is not None:
             failed = self._failed
             message = f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
-            raise WorkerError(
-                message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode
-            )
+            raise WorkerError(message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode)
         if self._state is not AsyncState.DEFAULT:
             waiting = self._state.value
             message = f"Calling `{name}` while waiting for a pending call to `{waiting}` to complete"
@@ -381,9 +369,7 @@ class SubprocVecEnv(VectorEnv):
 
     def _check_waiting(self, state: AsyncState) -> None:
         if self.closed:
-            raise ClosedEnvironmentError(
-                f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew"
-            )
+            raise ClosedEnvironmentError(f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew")
         if self._state is not state:
             message = f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`."
             raise NoAsyncCallError(message, state.value)
@@ -427,9 +413,7 @@ class SubprocVecEnv(VectorEnv):
         views = self._views
         for i in range(sl.start, sl.stop):
             views["rewards"][i], views["terminations"][i], views["truncations"][i] = 0.0, False, True
-            infos = self._add_info(
-                infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i
-            )
+            infos = self._add_info(infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i)
             infos = self._add_info(infos, dict(reset_infos[i - sl.start][1], worker_restart=True), i)
         self._store_obs(w, obs_list)
         return infos

@@ -256,9 +256,7 @@ class HelperEnv(FaultyEnv):
     forked copy of the worker (holding every file it has open, the worker's pipe included) or an
     exec'd program. `helper_pid` says which process it is."""
 
-    def __init__(
-        self, fault: str | None = None, at: int = 3, helper: str = "fork", step_seconds: float = 0.0
-    ):
+    def __init__(self, fault: str | None = None, at: int = 3, helper: str = "fork", step_seconds: float = 0.0):
         super().__init__(fault, at)
         self.step_seconds = step_seconds
         if helper == "fork":
@@ -417,9 +415,7 @@ class FailsLater(CounterEnv):
 
 
 for _fault in ("hang", "segfault", "exit"):
-    gym.register(
-        f"FailsLater-{_fault}-v0", entry_point=FailsLater, kwargs={"fault": _fault}, max_episode_steps=200
-    )
+    gym.register(f"FailsLater-{_fault}-v0", entry_point=FailsLater, kwargs={"fault": _fault}, max_episode_steps=200)
 
 
 class OldApiEnv(gym.Env):

@@ -25,9 +25,7 @@ def assert_same(actual, expected, path: str = "result") -> None:
         for key in expected:
             assert_same(actual[key], expected[key], f"{path}[{key!r}]")
     elif isinstance(expected, (tuple, list)):
-        assert type(actual) is type(expected) and len(actual) == len(expected), (
-            f"{path}: {actual!r} != {expected!r}"
-        )
+        assert type(actual) is type(expected) and len(actual) == len(expected), f"{path}: {actual!r} != {expected!r}"
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_same(a, e, f"{path}[{i}]")
     elif isinstance(expected, np.ndarray):
@@ -166,9 +164,7 @@ print(json.dumps(statuses))
 """
 
 
-def run_script_many(
-    script, cases: list[tuple[list[str], Path]], timeout=300
-) -> list[subprocess.CompletedProcess]:
+def run_script_many(script, cases: list[tuple[list[str], Path]], timeout=300) -> list[subprocess.CompletedProcess]:
     """`run_script(script, flags, cwd)` for each (flags, cwd), one after another, in forks of one process that
     imported the script (and so torch) once; cwd is also on sys.path, as PYTHONPATH would put it."""
     import json
@@ -399,6 +395,4 @@ def start_program(tmp_path, *argv) -> subprocess.Popen:
 
 def run_program(tmp_path, *argv) -> subprocess.CompletedProcess:
     (tmp_path / "prog.py").write_text(PROGRAM)
-    return run_command(
-        [sys.executable, "prog.py", *argv], tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)}
-    )
+    return run_command([sys.executable, "prog.py", *argv], tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})

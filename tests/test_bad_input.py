@@ -106,8 +106,7 @@ CASES = [
     (
         VEC,
         ["--resume", "ppo_vec.pt"],
-        "--resume ppo_vec.pt holds no optimizer and no reward_scaler and no obs_normalizer and no "
-        "rng: not a whole",
+        "--resume ppo_vec.pt holds no optimizer and no reward_scaler and no obs_normalizer and no rng: not a whole",
     ),
     (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no args: not a whole checkpoint"),
     (
@@ -202,10 +201,7 @@ CASES = [
         ["--resume", "edited.pt"],
         "--resume edited.pt holds flags no run of ppo_vec.py has (num_envs 'x')",
     ),
-    *[
-        (script, ["--clip-coef", "1e300"], "--clip-coef must be in (0, 10] (the ratio")
-        for script in (VEC, ATARI)
-    ],
+    *[(script, ["--clip-coef", "1e300"], "--clip-coef must be in (0, 10] (the ratio") for script in (VEC, ATARI)],
     (
         VEC,
         ["--vf-coef", "1e30"],
@@ -227,8 +223,7 @@ if importlib.util.find_spec("moviepy") is None:
     CASES += [(script, ["--capture-video"], "--capture-video needs moviepy") for script in (VEC, ATARI)]
 if importlib.util.find_spec("wandb") is None:
     CASES += [
-        (script, ["--track"], "--track needs wandb, which is not installed: pip install")
-        for script in (VEC, ATARI)
+        (script, ["--track"], "--track needs wandb, which is not installed: pip install") for script in (VEC, ATARI)
     ]
 
 
@@ -286,21 +281,14 @@ def test_bad_input_as_its_own_process(tmp_path):
     imported the script)."""
     out = run_script(VEC, ["--env-id", "CartPol-v1"], tmp_path, timeout=120)
     assert out.returncode == 2 and out.stdout == "" and not (tmp_path / "runs").exists()
-    assert out.stderr.startswith(
-        "ppo_vec.py: error: --env-id 'CartPol-v1' is not a registered gymnasium env; did you"
-    )
+    assert out.stderr.startswith("ppo_vec.py: error: --env-id 'CartPol-v1' is not a registered gymnasium env; did you")
     assert len(out.stderr.splitlines()) == 1
 
 
 def test_a_choice_flag_lists_its_choices(tmp_path):
     out = run_script(ATARI, ["--backend", "tcp"], tmp_path, timeout=120)
     assert out.returncode == 2
-    assert (
-        "--backend" in out.stderr
-        and "nccl" in out.stderr
-        and "gloo" in out.stderr
-        and "Traceback" not in out.stderr
-    )
+    assert "--backend" in out.stderr and "nccl" in out.stderr and "gloo" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -313,7 +301,6 @@ def test_an_old_gymnasium_is_named_with_the_version_needed(tmp_path):
     )
     assert out.returncode == 1
     assert out.stderr == (
-        "ppo_vec.py: error: ppo-vec needs gymnasium>=1.1,<2, this Python has 0.29.1: pip install "
-        "'gymnasium>=1.1,<2'\n"
+        "ppo_vec.py: error: ppo-vec needs gymnasium>=1.1,<2, this Python has 0.29.1: pip install 'gymnasium>=1.1,<2'\n"
     )
     assert not (tmp_path / "runs").exists()

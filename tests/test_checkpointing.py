@@ -110,9 +110,7 @@ def test_a_failed_write_leaves_the_old_checkpoint_and_no_temp_file(tmp_path):
     path = tmp_path / "checkpoint.pt"
     records.save_checkpoint(path, {"script": "s.py", "value": torch.ones(3)})
     before = path.read_bytes()
-    with pytest.raises(
-        RunError, match=r"could not write .*checkpoint.pt \(cannot pickle this\); the previous file"
-    ):
+    with pytest.raises(RunError, match=r"could not write .*checkpoint.pt \(cannot pickle this\); the previous file"):
         records.save_checkpoint(path, {"script": "s.py", "value": torch.zeros(3), "bad": Unpicklable()})
     with pytest.raises(RunError, match="holds NaN/Inf values"):
         records.save_checkpoint(path, {"script": "s.py", "value": torch.tensor([float("nan")])})
@@ -175,9 +173,7 @@ def test_unreadable_or_foreign_files_are_one_line_naming_the_flag(tmp_path):
     for path, message in cases.items():
         with pytest.raises(FlagError) as info:
             records.load_checkpoint(path, "--eval-checkpoint", "ppo_atari_multigpu.py")
-        assert str(info.value).startswith(f"--eval-checkpoint {path}") and message in str(info.value), str(
-            info.value
-        )
+        assert str(info.value).startswith(f"--eval-checkpoint {path}") and message in str(info.value), str(info.value)
         assert "\n" not in str(info.value)
 
 
@@ -193,20 +189,12 @@ def test_resume_refuses_other_ranks_other_sizes_and_says_when_a_run_is_finished(
     with pytest.raises(FlagError, match=r"was written with 2 ranks; resume it with 2, not 1"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), rng=np.random.default_rng())
     path = write_checkpoint(tmp_path / "checkpoint.pt")
-    with pytest.raises(
-        Finished, match=r"that run finished its 5 iterations already \(--total-timesteps 96 asks for 3"
-    ):
+    with pytest.raises(Finished, match=r"that run finished its 5 iterations already \(--total-timesteps 96 asks for 3"):
         start(run_of(monkeypatch, "--resume", path, "--total-timesteps", "96"), model=torch.nn.Linear(2, 1))
-    with pytest.raises(
-        FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"
-    ):
+    with pytest.raises(FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(3, 1))
-    with pytest.raises(
-        FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"
-    ):
-        start(
-            run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1)
-        )
+    with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"):
+        start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1))
     assert not (tmp_path / "runs").exists()
 
 
@@ -238,8 +226,7 @@ def test_a_checkpoint_whose_fields_are_wrong_is_one_line(tmp_path, field, value)
     with pytest.raises(FlagError) as info:
         records.load_checkpoint(path, "--resume", "test_checkpointing.py")
     assert str(info.value) == (
-        f"--resume {path} holds a {field} no run of test_checkpointing.py writes: a file edited "
-        "since, or damaged"
+        f"--resume {path} holds a {field} no run of test_checkpointing.py writes: a file edited since, or damaged"
     )
 
 
@@ -335,9 +322,7 @@ def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_d
 
 def test_evaluating_another_env_than_the_checkpoints_is_refused(tmp_path, monkeypatch):
     path = write_checkpoint(tmp_path / "checkpoint.pt")
-    with pytest.raises(
-        FlagError, match=r"holds a policy for CartPole-v1, not --env-id Acrobot-v1: drop --env-id"
-    ):
+    with pytest.raises(FlagError, match=r"holds a policy for CartPole-v1, not --env-id Acrobot-v1: drop --env-id"):
         run_of(monkeypatch, "--eval-checkpoint", path, "--env-id", "Acrobot-v1")
     assert run_of(monkeypatch, "--eval-checkpoint", path).args.env_id == "CartPole-v1"  # the run's own env
 
@@ -346,9 +331,7 @@ def test_evaluate_counts_whole_episodes_only(tmp_path, monkeypatch):
     """An episode ending without 'episode' info (a life lost, in Atari) does not count: the game goes on."""
     args = dataclasses.asdict(Flags(env_id="tests.envs:Lives-v0"))
     path = write_checkpoint(tmp_path / "checkpoint.pt", args=args)
-    run = run_of(
-        monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2", "--env-id", "tests.envs:Lives-v0"
-    )
+    run = run_of(monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2", "--env-id", "tests.envs:Lives-v0")
     make_env = lambda args, idx, run_dir: lambda: gym.make(args.env_id)  # noqa: E731
     run.probe(make_env)
     model = torch.nn.Linear(2, 1)
@@ -359,9 +342,7 @@ def test_evaluate_counts_whole_episodes_only(tmp_path, monkeypatch):
 
 def resumed(tmp_path, monkeypatch, path) -> None:
     """Starts a resume of the checkpoint at `path` as this file's main would."""
-    start(
-        run_of(monkeypatch, "--resume", str(path)), model=torch.nn.Linear(2, 1), rng=np.random.default_rng()
-    )
+    start(run_of(monkeypatch, "--resume", str(path)), model=torch.nn.Linear(2, 1), rng=np.random.default_rng())
 
 
 def test_the_summary_names_the_checkpoint_on_disk(tmp_path, monkeypatch):

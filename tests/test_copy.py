@@ -36,9 +36,7 @@ def project(tmp_path):
     project = tmp_path / "my_research"
     (project / "common").mkdir(parents=True)
     (project / "common" / "__init__.py").write_text("")
-    (project / "common" / "utils.py").write_text(
-        "import gymnasium as gym\n\nclass Theirs(gym.Wrapper):\n    pass\n"
-    )
+    (project / "common" / "utils.py").write_text("import gymnasium as gym\n\nclass Theirs(gym.Wrapper):\n    pass\n")
     shutil.copytree(REPO / "common", project / "rl_common", ignore=shutil.ignore_patterns("__pycache__"))
     for script in ("ppo_vec.py", "ppo_atari_multigpu.py"):
         text = (REPO / script).read_text()
@@ -59,9 +57,7 @@ def names_the_package(path) -> bool:
     docs = {
         id(n.body[0].value)
         for n in ast.walk(tree)
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body and isinstance(n.body[0], ast.Expr)
     }
     return any(
         isinstance(n, ast.ImportFrom)
@@ -80,15 +76,9 @@ def names_the_package(path) -> bool:
 def test_a_copy_under_another_name_beside_your_own_common_works_the_same(project):
     assert [p.name for p in (REPO / "common").rglob("*.py") if names_the_package(p)] == []
     # the default layout (its probe imports the package by the name it has), a run to its end, the evaluation
-    out = run(
-        project, "ppo_vec.py", [*VEC_TINY, "--total-timesteps", "256", "--save-model", "--eval-episodes", "1"]
-    )
+    out = run(project, "ppo_vec.py", [*VEC_TINY, "--total-timesteps", "256", "--save-model", "--eval-episodes", "1"])
     assert out.returncode == 0, out.stderr
-    assert (
-        "4 envs in this process" in out.stdout
-        and "eval: mean return" in out.stdout
-        and str(REPO) not in out.stderr
-    )
+    assert "4 envs in this process" in out.stdout and "eval: mean return" in out.stdout and str(REPO) not in out.stderr
     layout = json.loads((only_run_dir(project) / "summary.json").read_text())["layout"]
     assert "gymnasium's CartPoleEnv; one step" in layout  # timed by the probe, not "the probe env failed"
     # workers, a stop, the exact resume: the envs' states saved and put back
@@ -107,9 +97,7 @@ def test_a_copy_under_another_name_beside_your_own_common_works_the_same(project
     atari = [p for p in (project / "runs").iterdir() if p.name.startswith("Breakout")][0]
     assert None not in torch.load(atari / "checkpoint.pt", weights_only=True)["env_states"]
     code = "from rl_common.vecenv import env_state; print(env_state.SAFE_MODULES)"
-    safe = subprocess.run(
-        [sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=60
-    )
+    safe = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=60)
     assert safe.stdout.strip() == "('gymnasium.', 'ale_py.', 'rl_common.')", safe.stderr
     # the sweep, as a module of the package under its new name
     cmd = [

@@ -53,9 +53,7 @@ def test_crash_without_restarts_stops_with_the_worker_error(tmp_path, fault):
     args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--step-timeout", "2"]
     out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
     assert out.returncode != 0
-    hang = (
-        r"did not answer 'step' within 2 s \(worker \d\); --step-timeout sets that bound, --max-restarts N "
-    )
+    hang = r"did not answer 'step' within 2 s \(worker \d\); --step-timeout sets that bound, --max-restarts N "
     expected = {"sigkill": "was killed by SIGKILL", "raise": "raised ValueError", "hang": hang}
     assert re.search(expected[fault.split(":")[0]], out.stderr) and "step_wait" not in out.stderr, out.stderr
     assert_workers_gone(tmp_path)
@@ -80,18 +78,14 @@ def test_an_env_of_yours_that_crashes_late_is_named_and_saved_with_default_flags
     out = run_script(VEC, args, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 1, out.stderr
     died = r"was killed by SIGSEGV \(exit code -11\)" if fault == "segfault" else "exited with code 3"
-    assert re.search(
-        rf"ppo_vec.py: error: worker \d \(pid \d+, envs \[\d, \d\]\) {died} during 'step'", out.stderr
-    )
+    assert re.search(rf"ppo_vec.py: error: worker \d \(pid \d+, envs \[\d, \d\]\) {died} during 'step'", out.stderr)
     assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["iteration"] >= 50
 
 
 def test_a_short_step_timeout_bounds_the_envs_work_not_the_probes_start(tmp_path):
     """--step-timeout 0.1 on CartPole: the probe that checks the env takes longer than that to start
     Python, which the bound does not count; the run trains."""
-    out = run_script(
-        VEC, [*VEC_TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120
-    )
+    out = run_script(VEC, [*VEC_TINY, "--step-timeout", "0.1", "--total-timesteps", "256"], tmp_path, timeout=120)
     assert out.returncode == 0 and "global_step=256/256" in out.stdout, out.stderr
 
 

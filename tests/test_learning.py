@@ -16,9 +16,7 @@ from tests.helpers import VEC, only_run_dir, read_scalars, run_script
 def last_20_mean(case: str, seed: int, cwd) -> float:
     out = run_script(VEC, [*VEC_CASES[case][1].split(), "--seed", seed], cwd, timeout=3600)
     assert out.returncode == 0, out.stderr
-    return float(
-        np.mean([value for _, value in read_scalars(only_run_dir(cwd))["charts/episodic_return"]][-20:])
-    )
+    return float(np.mean([value for _, value in read_scalars(only_run_dir(cwd))["charts/episodic_return"]][-20:]))
 
 
 @pytest.mark.slow

@@ -54,11 +54,7 @@ def run_both(env_fns, steps, seed=0, action_fn=None, **kwargs):
         rng = np.random.default_rng(seed)
         ends = 0
         for t in range(steps):
-            actions = (
-                action_fn(rng, t)
-                if action_fn
-                else rng.integers(0, actual.single_action_space.n, len(env_fns))
-            )
+            actions = action_fn(rng, t) if action_fn else rng.integers(0, actual.single_action_space.n, len(env_fns))
             got, want = actual.step(actions), expected.step(actions)
             assert_same(got, want, f"step {t}")
             ends += int(np.sum(want[2] | want[3]))
@@ -75,9 +71,7 @@ LAYOUTS = {
     "1/worker": {"num_workers": 7},
     "3/worker": {"num_workers": 3},
 }
-LAYOUT_CASES = [("forkserver", "in-process")] + [
-    (c, layout) for c in CONTEXTS for layout in ("1/worker", "3/worker")
-]
+LAYOUT_CASES = [("forkserver", "in-process")] + [(c, layout) for c in CONTEXTS for layout in ("1/worker", "3/worker")]
 
 
 # Pickled observations (shared_memory False) under the default start method; under the others with -m long
@@ -113,9 +107,7 @@ def test_worker_spin_window_met_or_missed_gives_the_same_results(worker_spin):
         return rng.integers(0, 2, 7)
 
     env_fns = [lambda: gym.make("CartPole-v1") for _ in range(7)]
-    assert (
-        run_both(env_fns, 300, seed=5, action_fn=slow_sometimes, num_workers=3, worker_spin=worker_spin) > 10
-    )
+    assert run_both(env_fns, 300, seed=5, action_fn=slow_sometimes, num_workers=3, worker_spin=worker_spin) > 10
 
 
 @pytest.mark.parametrize(("context", "layout"), LAYOUT_CASES)
@@ -213,9 +205,7 @@ def test_record_episode_statistics_matches_sync():
             if "episode" in infos:
                 mask = infos["_episode"]
                 episode = infos["episode"]
-                episodes += list(
-                    zip(np.flatnonzero(mask), episode["r"][mask], episode["l"][mask], strict=True)
-                )
+                episodes += list(zip(np.flatnonzero(mask), episode["r"][mask], episode["l"][mask], strict=True))
         envs.close()
         returns.append(episodes)
     assert len(returns[0]) > 50
@@ -226,22 +216,16 @@ def test_record_episode_statistics_matches_sync():
 def test_out_of_order_calls_and_bad_actions(layout):
     envs = SubprocVecEnv([make_counter] * 3, **LAYOUTS[layout])
     envs.reset(seed=0)
-    with pytest.raises(
-        NoAsyncCallError, match=re.escape("Calling `step_wait` without any prior call to `step_async`")
-    ):
+    with pytest.raises(NoAsyncCallError, match=re.escape("Calling `step_wait` without any prior call to `step_async`")):
         envs.step_wait()
-    with pytest.raises(
-        NoAsyncCallError, match="Calling `reset_wait` without any prior call to `reset_async`"
-    ):
+    with pytest.raises(NoAsyncCallError, match="Calling `reset_wait` without any prior call to `reset_async`"):
         envs.reset_wait()
     with pytest.raises(ValueError, match="2 actions for 3 envs"):
         envs.step(np.zeros(2, np.int64))
     with pytest.raises(TypeError, match="one action per env"):
         envs.step(0)
     envs.step_async(np.zeros(3, np.int64))
-    with pytest.raises(
-        AlreadyPendingCallError, match="while waiting for a pending call to `step` to complete"
-    ):
+    with pytest.raises(AlreadyPendingCallError, match="while waiting for a pending call to `step` to complete"):
         envs.step_async(np.zeros(3, np.int64))
     with pytest.raises(AlreadyPendingCallError):
         envs.reset()
@@ -288,9 +272,7 @@ def test_close_with_a_pending_call_warns_and_ends_it():
     envs.reset(seed=0)
     envs.step_async(np.zeros(2, np.int64))
     pids = envs.worker_pids
-    with pytest.warns(
-        UserWarning, match=re.escape("Calling `close` while waiting for a pending call to `step`")
-    ):
+    with pytest.warns(UserWarning, match=re.escape("Calling `close` while waiting for a pending call to `step`")):
         envs.close(terminate=True)
     assert not any(alive(pid) for pid in pids)
 
@@ -418,9 +400,7 @@ def test_gymnasium_wrappers_that_work_on_top_give_syncs_results():
         envs = ClipAction(NormalizeReward(RecordEpisodeStatistics(envs)))
         rng = np.random.default_rng(0)
         first = envs.reset(seed=2)
-        results.append(
-            [first, *(envs.step(rng.uniform(-4, 4, (3, 1)).astype(np.float32)) for _ in range(250))]
-        )
+        results.append([first, *(envs.step(rng.uniform(-4, 4, (3, 1)).astype(np.float32)) for _ in range(250))])
         rms = envs.env.return_rms  # NormalizeReward's statistics
         results[-1].append((rms.mean, rms.var, rms.count))
         envs.close()
@@ -501,9 +481,7 @@ def test_reset_and_call_exceptions(no_orphans):
             envs.call("explode")
 
 
-@pytest.mark.parametrize(
-    ("fault", "signal_name"), [("sigkill", "SIGKILL"), ("abort", "SIGABRT"), ("exit", "code 3")]
-)
+@pytest.mark.parametrize(("fault", "signal_name"), [("sigkill", "SIGKILL"), ("abort", "SIGABRT"), ("exit", "code 3")])
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_dying_worker_is_detected_fast(fault, signal_name, context, no_orphans):
     envs = faulty(5, 4, fault, 2, num_workers=3, context=context)
@@ -622,10 +600,7 @@ def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
     old_pid = envs.worker_pids[1]
     obs, rewards, terminations, truncations, infos = envs.step(np.zeros(4, np.int64))
     (line,) = [record.getMessage() for record in caplog.records]  # one line says that it happened, and why
-    assert (
-        line.startswith("SubprocVecEnv: restarting worker 1 (envs [2, 3]), restart 1 of 1: ")
-        and "\n" not in line
-    )
+    assert line.startswith("SubprocVecEnv: restarting worker 1 (envs [2, 3]), restart 1 of 1: ") and "\n" not in line
     assert envs.restarts == 1 and not alive(old_pid)
     assert truncations.tolist() == [False, False, True, True] and not terminations.any()
     assert rewards.tolist() == [0.0, 0.0, 0.0, 0.0]  # CounterEnv pays t * action, and the actions were 0
@@ -648,9 +623,7 @@ def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
 def test_workers_that_fail_together_are_restarted_together(no_orphans, caplog):
     """Both workers hang at the same step, with restarts left: both are replaced, each restart says
     so in one line, and their envs go on from a fresh episode."""
-    envs = SubprocVecEnv(
-        [functools.partial(FaultyEnv, "hang", 2)] * 2, num_workers=2, step_timeout=1.0, max_restarts=2
-    )
+    envs = SubprocVecEnv([functools.partial(FaultyEnv, "hang", 2)] * 2, num_workers=2, step_timeout=1.0, max_restarts=2)
     envs.reset(seed=0)
     envs.step(np.zeros(2, np.int64))
     *_, truncations, infos = envs.step(np.zeros(2, np.int64))
@@ -730,9 +703,7 @@ def test_an_env_that_hangs_while_built_times_out(bound, bounded, no_orphans):
 
 
 def test_a_reset_that_hangs_times_out(bounded, no_orphans):
-    with SubprocVecEnv(
-        [FaultyEnv, functools.partial(FaultyEnv, "hang", 0)], num_workers=2, max_wait=1.5
-    ) as envs:
+    with SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "hang", 0)], num_workers=2, max_wait=1.5) as envs:
         with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'reset' within 1.5 s"):
             timed(lambda: envs.reset(seed=0))
         assert timed.elapsed < 3
@@ -782,9 +753,7 @@ def test_workers_and_helpers_end_soon_after_the_trainer_is_killed(context, bound
     """SIGKILL to the trainer while every env is busy in step, with the layout chosen as by default:
     workers, the helpers their envs started and the forkserver end within seconds, and no folder is
     left in the temp dir."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, context], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, context], cwd=REPO, stdout=subprocess.PIPE, text=True)
     *pids, tmpdir = read_line(proc).split()
     pids = [int(pid) for pid in pids]
     family = descendants(proc.pid)

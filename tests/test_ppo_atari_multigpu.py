@@ -82,9 +82,7 @@ SHARED_BLOCKS = [
 
 def test_what_both_scripts_do_is_written_the_same_way():
     for name in ("layer_init", "compute_gae", "sample"):
-        assert inspect.getsource(getattr(ppo_vec, name)) == inspect.getsource(
-            getattr(ppo_atari_multigpu, name)
-        ), name
+        assert inspect.getsource(getattr(ppo_vec, name)) == inspect.getsource(getattr(ppo_atari_multigpu, name)), name
     vec, atari = inspect.getsource(ppo_vec.main), inspect.getsource(ppo_atari_multigpu.main)
     for first, last in SHARED_BLOCKS:
         assert block(vec, first, last) == block(atari, first, last), first
@@ -148,9 +146,7 @@ def test_two_nodes_on_localhost(tmp_path):
         ]
         launch += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "ppo-vec-test"]
         cmd = [sys.executable, *launch, str(ATARI), *ATARI_TINY, "--total-timesteps", "64"]
-        nodes.append(
-            subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
+        nodes.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     stdout = next(out for out in outputs if "final parameter checksum" in out)
@@ -198,9 +194,7 @@ def test_the_pipeline_gives_gymnasiums_observations_step_by_step():
 
     def reference():
         env = gym.wrappers.RecordEpisodeStatistics(gym.make("BreakoutNoFrameskip-v4", frameskip=1))
-        env = gym.wrappers.AtariPreprocessing(
-            env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True
-        )
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
         env = gym.wrappers.ClipReward(FireResetEnv(EpisodicLifeEnv(env)), -1.0, 1.0)
         return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -264,9 +258,7 @@ def test_a_wrapper_below_the_pipeline_is_refused_and_one_above_sees_every_step()
     changes no number."""
     gym.register_envs(ale_py)
     limited = gym.wrappers.TimeLimit(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"), 100)
-    with pytest.raises(
-        ValueError, match=r"below it \(TimeLimit, OrderEnforcing, PassiveEnvChecker\) would miss"
-    ):
+    with pytest.raises(ValueError, match=r"below it \(TimeLimit, OrderEnforcing, PassiveEnvChecker\) would miss"):
         AtariPipeline(limited)
 
     class CountsSteps(gym.Wrapper):
@@ -278,9 +270,7 @@ def test_a_wrapper_below_the_pipeline_is_refused_and_one_above_sees_every_step()
 
     plain = AtariPipeline(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram"))
     recorded = CountsSteps(
-        AtariPipeline(
-            gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram", render_mode="rgb_array")
-        )
+        AtariPipeline(gym.make("BreakoutNoFrameskip-v4", frameskip=1, obs_type="ram", render_mode="rgb_array"))
     )
     assert_same(plain.reset(seed=0), recorded.reset(seed=0))
     for action in [1, 2, 3, 0] * 25:

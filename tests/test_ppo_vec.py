@@ -54,9 +54,7 @@ def test_compute_gae_by_hand():
     assert ppo_vec.compute_gae(rewards, values, ends, next_value, gamma, lam)[1, 1] == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize(
-    "space", [gym.spaces.Discrete(3), gym.spaces.Box(-2.0, 2.0, (2,))], ids=["discrete", "box"]
-)
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(3), gym.spaces.Box(-2.0, 2.0, (2,))], ids=["discrete", "box"])
 def test_sample_draws_from_the_policy_the_update_trains(space):
     """Rollout actions come from the distribution whose log-probs get_action_and_value computes."""
     torch.manual_seed(0)
@@ -73,9 +71,7 @@ def test_sample_draws_from_the_policy_the_update_trains(space):
     if agent.continuous:
         np.testing.assert_allclose(actions.mean(0), out, atol=0.01)
         np.testing.assert_allclose(actions.std(0), np.exp(-1.0), rtol=0.02)
-        density = np.exp(-0.5 * ((actions[0] - out) / np.exp(-1.0)) ** 2) / (
-            np.exp(-1.0) * np.sqrt(2 * np.pi)
-        )
+        density = np.exp(-0.5 * ((actions[0] - out) / np.exp(-1.0)) ** 2) / (np.exp(-1.0) * np.sqrt(2 * np.pi))
         np.testing.assert_allclose(logprob.item(), np.log(density).sum(), rtol=1e-4)
     else:
         probs = np.exp(out - out.max()) / np.exp(out - out.max()).sum()
@@ -111,18 +107,14 @@ def test_cartpole_tiny_run_logs_cleanrl_tags(tmp_path):
     run_dir = only_run_dir(tmp_path)
     assert out.stdout.startswith("ppo_vec.py: CartPole-v1, 4 envs in this process, cpu; results in runs/")
     assert len(out.stdout.splitlines()[0]) <= 160  # the probe's figures are in summary.json's layout
-    assert json.loads((run_dir / "summary.json").read_text())["layout"].startswith(
-        "4 envs in this process (gymnas"
-    )
+    assert json.loads((run_dir / "summary.json").read_text())["layout"].startswith("4 envs in this process (gymnas")
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     # Discrete actions: not normalized
     assert checkpoint["obs_normalizer"]["count"].item() == pytest.approx(1e-4)
     assert out.stdout.splitlines()[0].endswith(f"; results in runs/{run_dir.name}")
     progress = [line for line in out.stdout.splitlines() if line.startswith("global_step=")]
     assert progress and progress[-1].startswith("global_step=1024/1024 SPS=")
-    assert re.search(
-        r"episodic_return=\d+\.\d \(last 20\) elapsed=0:00:\d\d ETA=0:00:00 \[env ", progress[-1]
-    )
+    assert re.search(r"episodic_return=\d+\.\d \(last 20\) elapsed=0:00:\d\d ETA=0:00:00 \[env ", progress[-1])
     scalars = read_scalars(run_dir)
     assert CLEANRL_TAGS <= scalars.keys()
     # 8 iterations
@@ -148,15 +140,12 @@ def test_a_run_leaves_its_results_and_says_how_it_ended(tmp_path):
     )
     assert {p.name for p in run_dir.iterdir()} >= {"args.json", "summary.json", "checkpoint.pt"}
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (
-        summary["status"] == "done" and summary["global_step"] == 896 and summary["checkpoint_iteration"] == 7
-    )
-    assert json.loads((run_dir / "args.json").read_text())["total_timesteps"] == 1000
+    assert summary["status"] == "done" and summary["global_step"] == 896 and summary["checkpoint_iteration"] == 7
+    recorded = json.loads((run_dir / "args.json").read_text())
+    assert recorded["total_timesteps"] == 1000 and recorded["norm_obs"] is False  # what ran: Discrete actions
     evaluate = ["--eval-checkpoint", f"runs/{run_dir.name}/checkpoint.pt", "--eval-episodes", "2"]
     out = run_script(VEC, evaluate, tmp_path)
-    assert out.returncode == 0 and "eval: mean return" in out.stdout and "over 2 episodes" in out.stdout, (
-        out.stderr
-    )
+    assert out.returncode == 0 and "eval: mean return" in out.stdout and "over 2 episodes" in out.stdout, out.stderr
 
 
 @pytest.mark.e2e
@@ -188,9 +177,7 @@ def test_the_envs_pass_observations_and_rewards_raw(env_id):
     for action in np.linspace(-3, 3, 20) if box else [0, 1] * 4:
         np.testing.assert_array_equal(obs, plain_obs.astype(np.float32))
         obs, reward, *_ = env.step(np.array([action], dtype=np.float32) if box else action)
-        plain_obs, plain_reward, *_ = plain.step(
-            np.clip([action], -2, 2).astype(np.float32) if box else action
-        )
+        plain_obs, plain_reward, *_ = plain.step(np.clip([action], -2, 2).astype(np.float32) if box else action)
         assert reward == plain_reward
 
 
@@ -211,14 +198,9 @@ def test_obs_normalizer_gives_one_running_mean_std_over_all_envs():
     for _ in range(50):
         batch = rng.normal([1.0, -50.0, 0.0], [1.0, 10.0, 1e-3], (8, 3)).astype(np.float32)
         reference.update(batch)
-        expected = np.clip((batch - reference.mean) / np.sqrt(reference.var + 1e-8), -10, 10).astype(
-            np.float32
-        )
+        expected = np.clip((batch - reference.mean) / np.sqrt(reference.var + 1e-8), -10, 10).astype(np.float32)
         np.testing.assert_array_equal(normalize(batch), expected)
-    assert (
-        normalize.count.item() == reference.count
-        and (np.abs(normalize(batch * 1e6, update=False)) == 10).any()
-    )
+    assert normalize.count.item() == reference.count and (np.abs(normalize(batch * 1e6, update=False)) == 10).any()
     assert normalize.count.item() == reference.count  # a frozen look counts nothing
     off = ObsNormalizer(3, False)
     assert off(batch) is batch and off.count.item() == 1e-4
@@ -274,9 +256,7 @@ def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
     assert counted == pytest.approx(4 * 64 + 1e-4) if norm_obs else counted == 1e-4  # 4 envs, 64 steps each
     assert len(read_scalars(run_dir)["eval/episodic_return"]) == 2
     # Evaluating later, from the file alone.
-    out = run_script(
-        VEC, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path
-    )
+    out = run_script(VEC, ["--eval-checkpoint", run_dir / "ppo_vec.cleanrl_model", "--eval-episodes", "1"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval: mean return" in out.stdout and "over 1 episodes" in out.stdout
 
@@ -313,9 +293,7 @@ def test_same_seed_same_parameters_and_returns(tmp_path):
     for run in ("a", "b"):
         cwd = tmp_path / run
         cwd.mkdir()
-        out = run_script(
-            VEC, [*VEC_TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"], cwd
-        )
+        out = run_script(VEC, [*VEC_TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"], cwd)
         assert out.returncode == 0, out.stderr
         run_dir = only_run_dir(cwd)
         returns = read_scalars(run_dir)["charts/episodic_return"]
@@ -385,9 +363,7 @@ def test_help_into_a_pipe_closed_early_ends_quietly():
 @pytest.mark.e2e
 def test_help_opens_with_the_description_and_commands_and_documents_every_flag():
     env = dict(os.environ, COLUMNS="200")
-    out = subprocess.run(
-        [sys.executable, str(VEC), "--help"], capture_output=True, text=True, timeout=60, env=env
-    )
+    out = subprocess.run([sys.executable, str(VEC), "--help"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0
     assert "PPO for flat-observation gymnasium envs" in out.stdout
     assert "python ppo_vec.py --env-id CartPole-v1 --num-envs 8" in out.stdout

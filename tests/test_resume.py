@@ -44,21 +44,15 @@ def assert_same_run(resumed_dir, expected_dir, script) -> None:
     expected = torch.load(expected_dir / model, weights_only=True)
     resumed = torch.load(resumed_dir / model, weights_only=True)
     assert resumed["iteration"] == expected["iteration"] and resumed["rng"] == expected["rng"]
-    for key in (
-        ("model", "optimizer", "reward_scaler", "obs_normalizer") if script == VEC else ("model", "optimizer")
-    ):
+    for key in ("model", "optimizer", "reward_scaler", "obs_normalizer") if script == VEC else ("model", "optimizer"):
         torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0)
     steps = [step for step, _ in read_scalars(resumed_dir)["losses/policy_loss"]]
     # none twice, none missing
     assert steps == [step for step, _ in read_scalars(expected_dir)["losses/policy_loss"]]
 
 
-@pytest.mark.parametrize(
-    ("script", "args", "steps_per_iteration"), CASES, ids=["trainer", "workers", "atari"]
-)
-def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(
-    tmp_path, script, args, steps_per_iteration
-):
+@pytest.mark.parametrize(("script", "args", "steps_per_iteration"), CASES, ids=["trainer", "workers", "atari"])
+def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path, script, args, steps_per_iteration):
     args = [*args, "--total-timesteps", 30 * steps_per_iteration, "--save-model", "--eval-episodes", "0"]
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):

@@ -89,9 +89,7 @@ def test_check_installed_names_the_package():
 
 def test_check_env_id(tmp_path, monkeypatch):
     flags.check_env_id("CartPole-v1")
-    with pytest.raises(
-        FlagError, match=r"'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"
-    ):
+    with pytest.raises(FlagError, match=r"'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"):
         flags.check_env_id("CartPol-v1")
     (tmp_path / "broken_envs.py").write_text("import numpy\nraise RuntimeError('missing licence file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -123,13 +121,9 @@ def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch):
 
 
 def test_probe_env_builds_the_env_elsewhere_and_says_why_it_cannot():
-    found = flags.probe_env(
-        "CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60
-    )
+    found = flags.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60)
     assert found["spaces"][0].shape == (4,) and found["spaces"][1] == gym.spaces.Discrete(2)
-    with pytest.raises(
-        FlagError, match=r"--env-id CartPole-v1 cannot be built here: RuntimeError: factory refused"
-    ):
+    with pytest.raises(FlagError, match=r"--env-id CartPole-v1 cannot be built here: RuntimeError: factory refused"):
         flags.probe_env("CartPole-v1", failing_factory, 60)
     with pytest.raises(FlagError, match=r"--env-id CartPole-v1: building the env did not finish within 1 s"):
         flags.probe_env("CartPole-v1", HangsWhenBuilt, 1.0)
@@ -154,23 +148,17 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     (tmp_path / "elsewhere" / "runs").write_text("a file where the runs go")
-    with pytest.raises(
-        errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"
-    ):
+    with pytest.raises(errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"):
         records.make_run_dir(Flags(), 10, 1)
     (tmp_path / "elsewhere" / "runs").unlink()
     read_only = tmp_path / "elsewhere"
     os.chmod(read_only, 0o500)  # root writes there anyway: an immutable folder stops root too
-    chattr = (
-        subprocess.run(["chattr", "+i", str(read_only)], capture_output=True) if os.geteuid() == 0 else None
-    )
+    chattr = subprocess.run(["chattr", "+i", str(read_only)], capture_output=True) if os.geteuid() == 0 else None
     immutable = chattr is not None and chattr.returncode == 0
     try:
         if os.access(read_only, os.W_OK) and not immutable:
             pytest.skip("this user writes anywhere and chattr is not at hand: no read-only folder to try")
-        with pytest.raises(
-            errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"
-        ):
+        with pytest.raises(errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"):
             records.make_run_dir(Flags(), 10, 1)
     finally:
         if immutable:
@@ -228,33 +216,19 @@ CLOSING = (
 )
 def test_exit_statuses_and_the_closing_line(tmp_path, outcome, status, stderr):
     out = run_program(tmp_path, "--outcome", outcome)
-    assert (out.returncode, out.stderr.split("\n")[0] + "\n" if out.stderr else "") == (status, stderr), (
-        out.stderr
-    )
+    assert (out.returncode, out.stderr.split("\n")[0] + "\n" if out.stderr else "") == (status, stderr), out.stderr
     # failed in iteration 4: the closing line names no checkpoint (the script's error saves none)
     if outcome == "fail":
-        assert re.search(
-            CLOSING.format("failed", 30) + r"\(tensorboard --logdir runs\)$", out.stderr.split("\n")[-2]
-        )
+        assert re.search(CLOSING.format("failed", 30) + r"\(tensorboard --logdir runs\)$", out.stderr.split("\n")[-2])
     if outcome == "done":  # the closing line, the summary, the final checkpoint
-        closing = re.search(
-            CLOSING.format("done", 100) + r".*; evaluate with: python prog.py --eval-", out.stdout
-        )
+        closing = re.search(CLOSING.format("done", 100) + r".*; evaluate with: python prog.py --eval-", out.stdout)
         summary = json.loads((tmp_path / closing.group(1) / "summary.json").read_text())
-        assert (
-            summary["status"] == "done"
-            and summary["global_step"] == 100
-            and summary["checkpoint_iteration"] == 10
-        )
+        assert summary["status"] == "done" and summary["global_step"] == 100 and summary["checkpoint_iteration"] == 10
 
 
 def test_a_bug_keeps_its_traceback_and_saves_nothing(tmp_path):
     out = run_program(tmp_path, "--outcome", "raise")
-    assert (
-        out.returncode == 1
-        and "Traceback" in out.stderr
-        and "ValueError: a bug keeps its traceback" in out.stderr
-    )
+    assert out.returncode == 1 and "Traceback" in out.stderr and "ValueError: a bug keeps its traceback" in out.stderr
     assert re.search(CLOSING.format("failed", 30), out.stderr.splitlines()[-1])
     assert not list((tmp_path / "runs").glob("*/checkpoint.pt"))
 
@@ -272,8 +246,6 @@ def test_a_signal_saves_then_exits_128_plus_its_number(tmp_path, sig):
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig
-    closing = (
-        CLOSING.format(f"stopped by {signal.Signals(sig).name}", 30) + r"\(tensorboard --logdir runs\); "
-    )
+    closing = CLOSING.format(f"stopped by {signal.Signals(sig).name}", 30) + r"\(tensorboard --logdir runs\); "
     closing = re.fullmatch(closing + r"continue with: python prog.py --resume (\S+)\n", stderr)
     assert closing and torch.load(tmp_path / closing.group(2), weights_only=True)["iteration"] == 3

@@ -55,9 +55,7 @@ class Flags:
 
 # -------------------------------------------------------------------------------------------------
 # a run's identity
-def write_folder(
-    runs_dir, name, given=None, status="done", global_step=1000, steps_per_iteration=None, **flags
-):
+def write_folder(runs_dir, name, given=None, status="done", global_step=1000, steps_per_iteration=None, **flags):
     """A run folder as a script leaves it (its seed the one its name says, given as a sweep gives
     it): args.json (flags, defaults, what its command line gave), summary.json, a checkpoint file."""
     folder = runs_dir / name
@@ -73,9 +71,7 @@ def write_folder(
         "resumes": [],
     }
     records.write_json(folder / "args.json", record)
-    records.write_json(
-        folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000}
-    )
+    records.write_json(folder / "summary.json", {"status": status, "global_step": global_step, "last_step": 1000})
     (folder / "checkpoint.pt").write_bytes(b"")
     return folder
 
@@ -150,9 +146,7 @@ def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked
     runs_dir = tmp_path / "runs"
 
     def sweep(total, *flags):
-        return runs.Run(
-            "s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", str(total), *flags], str(tmp_path)
-        )
+        return runs.Run("s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", str(total), *flags], str(tmp_path))
 
     annealed = write_folder(
         runs_dir, "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500, steps_per_iteration=100
@@ -173,10 +167,7 @@ def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked
     saved["total_timesteps"] = 800  # a later resume made it 8 iterations long
     saved["resumes"].append({"from_step": 500, "changed": {"total_timesteps": [550, 800]}})
     records.write_json(annealed / "args.json", saved)
-    assert (
-        sweep(800).folder() is None
-        and "--total-timesteps 550 made 800 by a resume" in sweep(800).command()[1]
-    )
+    assert sweep(800).folder() is None and "--total-timesteps 550 made 800 by a resume" in sweep(800).command()[1]
 
     plain = write_folder(
         runs_dir,
@@ -229,9 +220,7 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
     runs_dir = tmp_path / "runs"
     ranked = write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=1000)
     records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"world_size": 2})
-    run = runs.Run(
-        str(tmp_path / "s.py"), "CartPole-v1", 1, "exp", ["--total-timesteps", "1000"], str(tmp_path)
-    )
+    run = runs.Run(str(tmp_path / "s.py"), "CartPole-v1", 1, "exp", ["--total-timesteps", "1000"], str(tmp_path))
     assert run.command()[1] == (
         "start (a new run: CartPole-v1__exp__1__1 was made with other flags: torchrun ranks 2 there, 1 here)"
     )
@@ -243,9 +232,7 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
     assert run.command()[1].startswith(
         "start (a new run: CartPole-v1__exp__1__1 was made with other flags: --total-timesteps not recorded"
     )
-    records.write_json(
-        ranked / "args.json", records.read_json(ranked / "args.json") | {"total_timesteps": 1000}
-    )
+    records.write_json(ranked / "args.json", records.read_json(ranked / "args.json") | {"total_timesteps": 1000})
     (ranked / "checkpoint.pt").unlink()
     (ranked / "events.out.tfevents.1").write_bytes(b"")  # what a start stopped before training leaves
     records.write_json(ranked / "summary.json", {"status": "stopped by SIGTERM", "global_step": 0})
@@ -253,9 +240,7 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
     outcome = runs.RunJob()(run)
     assert outcome["did"] == "start (its earlier start, CartPole-v1__exp__1__1, trained nothing: removed)"
     assert outcome["exit"] == 0 and not ranked.exists()
-    trained = write_folder(
-        runs_dir, "CartPole-v1__exp__1__2", given=["total_timesteps"], total_timesteps=1000
-    )
+    trained = write_folder(runs_dir, "CartPole-v1__exp__1__2", given=["total_timesteps"], total_timesteps=1000)
     (trained / "checkpoint.pt").unlink()
     (trained / "events.out.tfevents.2").write_bytes(b"")
     for summary in (
@@ -274,9 +259,7 @@ def test_one_writer_per_run_folder(tmp_path):
     assert records.lock_holder(tmp_path / records.LOCK) is None
     records.hold(tmp_path / records.LOCK)
     assert records.lock_holder(tmp_path / records.LOCK) == os.getpid()
-    with pytest.raises(
-        FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "
-    ):
+    with pytest.raises(FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "):
         records.hold(tmp_path / records.LOCK)  # another open file: refused, even in the same process
 
 
@@ -305,9 +288,7 @@ def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tm
     flags = ["--learning-rate", "1e-3"]
     asked = [runs.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2, 3, 4, 5)]
     text = "\n".join(report.report(asked, tmp_path / "report"))
-    assert (
-        "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
-    )
+    assert "| CartPole-v1 | 1 | 100.0 +- 0.0 | 100.0 [100.0, 100.0] | 1 | 1000 | --learning-rate 0.001 |" in text
     assert "- CartPole-v1 seed 2: unreadable: its events end at step 500, its summary at 1000" in text
     assert "- CartPole-v1 seed 3: unfinished: stopped by SIGTERM at 46%" in text
     assert "- CartPole-v1 seed 4: missing\n" in text
@@ -327,9 +308,7 @@ def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, mo
     flags = Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x")
     records.write_args(tmp_path, flags, 32, 1, resumed={"iteration": 7, "global_step": 224})
     saved = json.loads((tmp_path / "args.json").read_text())
-    assert (
-        saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
-    )
+    assert saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
     assert runs.asked_of(saved)["norm_obs"] is True  # asked for the default; its effect is what the flags say
     (resume,) = saved["resumes"]
     assert (resume["from_iteration"], resume["from_step"]) == (7, 224)
@@ -404,10 +383,7 @@ def test_a_sweep_asked_for_other_flags_than_a_runs_starts_its_own_and_reports_on
     text = (cwd / "report" / "report.md").read_text()
     # one run: the new one
     (row,) = [line for line in text.splitlines() if line.startswith("| CartPole-v1 | 1 | ")]
-    assert (
-        "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 "
-        in row
-    )
+    assert "| 1 | 384 | --total-timesteps 384 --learning-rate 0.001 --num-envs 4 --num-steps 32 --gamma 0.95 " in row
 
 
 @pytest.mark.e2e
@@ -453,9 +429,7 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
         [sys.executable, *command[1:], "--total-timesteps", str(stopped_at["global_step"] + 256)], tmp_path
     )
     assert out.returncode == 0, out.stderr
-    resumed = (
-        f"; resuming from iteration {stopped_at['iteration']} (step {stopped_at['global_step']}), the envs as"
-    )
+    resumed = f"; resuming from iteration {stopped_at['iteration']} (step {stopped_at['global_step']}), the envs as"
     assert resumed in out.stdout
     # a shorter run: the schedule moves, said
     share = 1 - stopped_at["iteration"] / (stopped_at["iteration"] + 2)
@@ -471,9 +445,7 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
     assert saved["resumes"][0]["changed"] == {"total_timesteps": [30720, stopped_at["global_step"] + 256]}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["segments"] == 2 and summary["global_step"] == stopped_at["global_step"] + 256
-    assert re.search(
-        rf"done: {summary['global_step']} of {summary['global_step']} steps in 0:00:\d\d", out.stdout
-    )
+    assert re.search(rf"done: {summary['global_step']} of {summary['global_step']} steps in 0:00:\d\d", out.stdout)
     # 0.001, annealed over the new total's iterations
     lr = dict(read_scalars(run_dir)["charts/learning_rate"])
     first = stopped_at["iteration"] + 1
@@ -582,9 +554,7 @@ def test_two_sweeps_never_train_one_run_twice_and_ctrl_c_stops_a_sweep(tmp_path)
     (folder,) = (tmp_path / "runs").glob("CartPole-v1__*")
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "stopped by SIGINT" and out.splitlines()[-1] == "stopped by SIGINT"
-    saved = (
-        f"saved at iteration {summary['checkpoint_iteration']}" if summary["checkpoint"] else "nothing saved"
-    )
+    saved = f"saved at iteration {summary['checkpoint_iteration']}" if summary["checkpoint"] else "nothing saved"
     assert out.splitlines()[-2] == (
         f"unfinished: CartPole-v1 seed 1 (stopped by SIGINT, {saved}); the same command "
         "resumes what was saved and starts the rest"
@@ -598,9 +568,7 @@ def test_a_custom_env_beside_you_is_found_when_the_script_lives_elsewhere(tmp_pa
         "gym.register('MyCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
         "             max_episode_steps=50)\n"
     )
-    out = run_script(
-        VEC, ["--env-id", "my_module:MyCartPole-v0", *TINY, "--total-timesteps", "128"], tmp_path
-    )
+    out = run_script(VEC, ["--env-id", "my_module:MyCartPole-v0", *TINY, "--total-timesteps", "128"], tmp_path)
     assert out.returncode == 0 and "global_step=128/128" in out.stdout, out.stderr
 
 
@@ -609,12 +577,8 @@ def test_a_finished_run_extended_by_a_resume_that_saved_nothing_is_resumed_not_s
     total, the summary the old end (an older version left it "done"): the run is extended to the steps
     asked, and no report averages it meanwhile."""
     flags = {"anneal_lr": False, "total_timesteps": 20480}
-    write_folder(
-        tmp_path / "runs", "CartPole-v1__exp__1__1", steps_per_iteration=1024, global_step=10240, **flags
-    )
-    run = runs.Run(
-        "s.py", "CartPole-v1", 1, "exp", ["--no-anneal-lr", "--total-timesteps", "20480"], str(tmp_path)
-    )
+    write_folder(tmp_path / "runs", "CartPole-v1__exp__1__1", steps_per_iteration=1024, global_step=10240, **flags)
+    run = runs.Run("s.py", "CartPole-v1", 1, "exp", ["--no-anneal-lr", "--total-timesteps", "20480"], str(tmp_path))
     cmd, did = run.command()
     assert did == "extend (from 10240 to 20480 steps: no schedule spans it)" and "--resume" in cmd
     assert report.judge(run)[1] == "unfinished: done at 50% (CartPole-v1__exp__1__1)"
@@ -627,9 +591,7 @@ def test_the_report_names_runs_without_an_episode_and_runs_another_sweep_has(tmp
     write_events(quiet, [500, 1000], returns=[])
     (tmp_path / "runs" / "sweep").mkdir()
     lock = tmp_path / "runs" / "sweep" / "CartPole-v1__exp__2.lock"
-    code = (
-        f"import pathlib; from common.run import records; records.hold(pathlib.Path({str(lock)!r})); input()"
-    )
+    code = f"import pathlib; from common.run import records; records.hold(pathlib.Path({str(lock)!r})); input()"
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -39,9 +39,7 @@ def test_a_stop_ends_a_wait_on_the_workers_and_close_leaves_nothing():
     """A step that hangs in a worker: the stop ends the wait within a fraction of a second (as Stopped, the
     interrupt's own exception), and close() ends the worker."""
     request = StopRequest()
-    envs = SubprocVecEnv(
-        [FaultyEnv, functools.partial(FaultyEnv, "hang", 1)], num_workers=2, interrupt=request
-    )
+    envs = SubprocVecEnv([FaultyEnv, functools.partial(FaultyEnv, "hang", 1)], num_workers=2, interrupt=request)
     envs.reset(seed=0)
     pids = envs.worker_pids
     ask_later(request, 0.3)
@@ -133,11 +131,7 @@ def test_no_signal_handler_of_the_project_raises():
     handlers, bodies = set(), {}
     for path in (REPO / "common").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "attr", "") == "signal"
-                and len(node.args) == 2
-            ):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "signal" and len(node.args) == 2:
                 handlers.add(ast.unparse(node.args[1]).removeprefix("self."))
             if isinstance(node, ast.FunctionDef):
                 bodies[node.name] = node

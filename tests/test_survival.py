@@ -49,11 +49,7 @@ CARTPOLE = [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"]
 
 def learning_curves(run_dir: Path) -> dict:
     """Every scalar a run logged but those that time it (SPS, perf/*)."""
-    return {
-        tag: values
-        for tag, values in read_scalars(run_dir).items()
-        if tag != "charts/SPS" and "perf/" not in tag
-    }
+    return {tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS" and "perf/" not in tag}
 
 
 @pytest.mark.parametrize(("script", "args", "steps"), [(VEC, CARTPOLE, 128), (ATARI, ATARI_TINY, 16)])
@@ -64,9 +60,7 @@ def test_checkpointing_is_invisible_to_training(tmp_path, script, args, steps):
     for interval in ("0", "1"):
         cwd = tmp_path / interval
         cwd.mkdir()
-        out = run_script(
-            script, [*args, "--total-timesteps", 6 * steps, "--checkpoint-interval", interval], cwd
-        )
+        out = run_script(script, [*args, "--total-timesteps", 6 * steps, "--checkpoint-interval", interval], cwd)
         assert out.returncode == 0, out.stderr
         curves.append(learning_curves(only_run_dir(cwd)))
     assert curves[0] == curves[1]
@@ -204,12 +198,8 @@ def test_a_rank_that_fails_at_start_up_says_why_and_the_job_ends(tmp_path):
     start = time.monotonic()
     out = run_command(cmd, tmp_path, timeout=120, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode != 0 and time.monotonic() - start < 25, out.stderr[-3000:]
-    line = next(
-        line for line in out.stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: ")
-    )
-    assert line.startswith(
-        "ppo_atari_multigpu.py: rank 1: error: --env-id tests.envs:BreakoutOnRank0-v0 cannot be"
-    )
+    line = next(line for line in out.stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: "))
+    assert line.startswith("ppo_atari_multigpu.py: rank 1: error: --env-id tests.envs:BreakoutOnRank0-v0 cannot be")
 
 
 def test_the_scripts_run_with_no_flags_at_all(tmp_path):
@@ -274,9 +264,7 @@ def test_a_failing_rank_says_why_with_its_rank(tmp_path):
     os.kill(worker, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    line = next(
-        line for line in stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: error: ")
-    )
+    line = next(line for line in stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: error: "))
     assert f"worker 0 (pid {worker}, envs [0, 1]) was killed by SIGKILL" in line
     assert "Traceback" not in stderr.split("ppo_atari_multigpu.py: rank 1: error")[0][-2000:]
 
@@ -382,13 +370,10 @@ def test_a_resume_rewrites_records_that_are_not_what_a_run_writes_and_says_so(tm
     run_dir = only_run_dir(tmp_path)
     (run_dir / "args.json").write_text("[1, 2, 3]\n")
     (run_dir / "summary.json").write_text('{"seconds": "long", "segments": null}\n')
-    out = run_script(
-        VEC, [*CARTPOLE, "--total-timesteps", "512", "--resume", run_dir / "checkpoint.pt"], tmp_path
-    )
+    out = run_script(VEC, [*CARTPOLE, "--total-timesteps", "512", "--resume", run_dir / "checkpoint.pt"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert (
-        f"ppo_vec.py: {run_dir / 'args.json'} held no record of flags: written anew from the checkpoint\n"
-        in (out.stdout)
+    assert f"ppo_vec.py: {run_dir / 'args.json'} held no record of flags: written anew from the checkpoint\n" in (
+        out.stdout
     )
     saved = json.loads((run_dir / "args.json").read_text())
     assert saved["total_timesteps"] == 512 and saved["resumes"][0]["from_iteration"] == 2

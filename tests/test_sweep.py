@@ -59,9 +59,7 @@ def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
     more = [*flags[:-1], "640"]  # a larger total extends each run in its folder (no schedule spans the run)
     out = run_sweep(tmp_path, *more)
     assert out.returncode == 0, out.stdout
-    assert (
-        out.stdout.count(": extend (from 512 to 640 steps: no schedule spans it), exit 0, status done") == 2
-    )
+    assert out.stdout.count(": extend (from 512 to 640 steps: no schedule spans it), exit 0, status done") == 2
     assert sorted((tmp_path / "runs").glob("CartPole-v1__ppo_vec__*")) == folders
     assert all(json.loads((f / "summary.json").read_text())["global_step"] == 640 for f in folders)
     out = run_sweep(tmp_path, "--report-only", "--report", "report", *more)  # the runs of those flags
@@ -102,11 +100,7 @@ def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, caps
 
 def test_aggregate_on_known_numbers():
     a = report.aggregate([10.0, 20.0, 30.0, 40.0, 1000.0])
-    assert (
-        a["runs"] == 5
-        and a["mean"] == 220.0
-        and a["std"] == pytest.approx(np.std([10, 20, 30, 40, 1000], ddof=1))
-    )
+    assert a["runs"] == 5 and a["mean"] == 220.0 and a["std"] == pytest.approx(np.std([10, 20, 30, 40, 1000], ddof=1))
     assert a["iqm"] == pytest.approx(30.0)  # the middle half of 5: 20, 30, 40 (one cut at each end)
     assert 10.0 <= a["iqm_low"] <= a["iqm"] <= a["iqm_high"] <= 1000.0
     # a fixed generator: the same interval again
@@ -189,9 +183,7 @@ def test_a_sweep_says_what_to_install_before_any_run(tmp_path, monkeypatch, caps
     statistics need nothing beyond numpy."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("")
-    monkeypatch.setattr(
-        sweep_main.__globals__["find_spec"].__self__ if False else report, "__name__", report.__name__
-    )
+    monkeypatch.setattr(sweep_main.__globals__["find_spec"].__self__ if False else report, "__name__", report.__name__)
     monkeypatch.setitem(sweep_main.__globals__, "find_spec", lambda name: None)
     with pytest.raises(SystemExit) as ended:
         sweep_main(["s.py", "--env-ids", "CartPole-v1", "--report", "r"])

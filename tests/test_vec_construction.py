@@ -51,10 +51,7 @@ def test_gymnasiums_own_cheap_envs_step_here(two_cores):
     with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 8) as envs:
         assert envs.num_workers == 0 and envs.placement == "8 envs in this process"
         assert envs.step_seconds < 1e-3 and "workers would save" in envs.layout
-        assert (
-            "(gymnasium's CartPoleEnv; one step" in envs.layout
-            and "us of CPU in a probe process" in envs.layout
-        )
+        assert "(gymnasium's CartPoleEnv; one step" in envs.layout and "us of CPU in a probe process" in envs.layout
 
 
 def test_gymnasiums_own_envs_get_workers_where_they_save_more_than_their_round_trip(two_cores, monkeypatch):
@@ -93,9 +90,7 @@ def test_the_probe_times_the_step_not_the_drawing_of_actions():
 def test_a_build_that_hangs_in_the_probe_is_a_timeout_naming_the_env(tmp_path):
     before = descendants_with_helpers_running()
     start = time.monotonic()
-    with pytest.raises(
-        WorkerTimeout, match=r"env 2 did not answer 'make' within 1.5 s \(in the layout probe\)"
-    ):
+    with pytest.raises(WorkerTimeout, match=r"env 2 did not answer 'make' within 1.5 s \(in the layout probe\)"):
         SubprocVecEnv([functools.partial(RecordsWhereEnv, str(tmp_path), hang="make")] * 3, max_wait=1.5)
     # the probe's start (bounded at 60 s) and the 1.5 s make bound; under the suite's load the start
     # alone took 4 s
@@ -104,9 +99,7 @@ def test_a_build_that_hangs_in_the_probe_is_a_timeout_naming_the_env(tmp_path):
 
 
 @pytest.mark.parametrize("trusted", [False, True])
-def test_an_env_whose_step_takes_an_hour_lets_the_constructor_return(
-    tmp_path, trusted, monkeypatch, two_cores
-):
+def test_an_env_whose_step_takes_an_hour_lets_the_constructor_return(tmp_path, trusted, monkeypatch, two_cores):
     """The probe never waits for a step to finish: an env it does not trust is not stepped there,
     and one it trusts (tests.envs counted as gymnasium's own here) is given STEP_DECIDE seconds,
     then gets workers."""
@@ -147,9 +140,7 @@ def test_an_env_that_fails_steps_in_a_worker_and_fails_there(fault, message):
         ("exit", WorkerError, r"worker 1 \(pid \d+, envs \[2, 3\]\) exited with code 3"),
     ],
 )
-def test_an_env_of_yours_that_fails_late_is_named_never_a_hang_or_a_crash_here(
-    fault, error, message, two_cores
-):
+def test_an_env_of_yours_that_fails_late_is_named_never_a_hang_or_a_crash_here(fault, error, message, two_cores):
     """A cheap env of yours, with default arguments: it steps in workers, so a hang at its 2000th
     step is a timeout and a segfault or an exit a named WorkerError, and this process goes on."""
     env_fns = [FaultyEnv] * 3 + [functools.partial(FailsLater, fault, 2000)]
@@ -186,12 +177,8 @@ from common.multiprocessing_env import SubprocVecEnv
 from tests.envs import make_counter
 {body}
 """
-UNGUARDED = (
-    "envs = SubprocVecEnv([make_counter] * 2, num_workers=2{context})\nprint(envs.reset(seed=0)[0].shape)"
-)
-GUARDED = (
-    "def main():\n    " + UNGUARDED.replace("\n", "\n    ") + "\n\nif __name__ == '__main__':\n    main()"
-)
+UNGUARDED = "envs = SubprocVecEnv([make_counter] * 2, num_workers=2{context})\nprint(envs.reset(seed=0)[0].shape)"
+GUARDED = "def main():\n    " + UNGUARDED.replace("\n", "\n    ") + "\n\nif __name__ == '__main__':\n    main()"
 
 
 @pytest.mark.parametrize(
@@ -204,17 +191,12 @@ def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path, body, co
     ends (never hangs), naming the worker."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(repo=str(REPO), body=body.format(context=context)))
-    out = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     if ok:
         assert out.returncode == 0 and out.stdout.strip() == "(2, 3)", out.stderr
         return
     assert out.returncode == 1
-    assert (
-        "you have forgotten to use the proper idiom" in out.stderr
-        and "if __name__ == '__main__':" in out.stderr
-    )
+    assert "you have forgotten to use the proper idiom" in out.stderr and "if __name__ == '__main__':" in out.stderr
     last = out.stderr.strip().splitlines()[-2]  # (the last: "envs [1] failed too")
     assert last.startswith("common.vecenv.errors.WorkerError: worker 0 (pid") and last.endswith(
         f"during 'start'; {script} has no `if __name__ == \"__main__\":` and worker processes start by "
@@ -276,13 +258,9 @@ def test_the_same_envs_get_the_same_layout_on_a_loaded_machine(tmp_path):
                 )
                 for _ in range(8)
             ]
-            assert {run.stdout for run in runs} == {runs[0].stdout} and runs[0].returncode == 0, runs[
-                0
-            ].stderr
+            assert {run.stdout for run in runs} == {runs[0].stdout} and runs[0].returncode == 0, runs[0].stderr
             workers = min(8, len(os.sched_getaffinity(0)))
-            expected = (
-                "16 envs in this process" if case == "cartpole" else f"8 envs in {workers} worker processes"
-            )
+            expected = "16 envs in this process" if case == "cartpole" else f"8 envs in {workers} worker processes"
             assert runs[0].stdout.strip() == expected
     finally:
         for loop in loops:
@@ -316,9 +294,7 @@ def test_the_helpers_of_a_killed_trainers_workers_end_every_time(tmp_path):
     rng = np.random.default_rng(0)
     leaked = []
     for _ in range(20):
-        proc = subprocess.Popen(
-            [sys.executable, "stepping.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True
-        )
+        proc = subprocess.Popen([sys.executable, "stepping.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
         helpers = [int(pid) for pid in proc.stdout.readline().split()]
         time.sleep(rng.uniform(0.05, 0.3))
         proc.kill()

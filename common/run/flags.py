@@ -80,11 +80,7 @@ def _fits(value: Any, kind: Any) -> bool:
         return value in inner
     if origin is list:
         return isinstance(value, list) and all(_fits(v, inner[0]) for v in value)
-    return (
-        type(value) is kind
-        or (kind is float and type(value) is int)
-        or (value is None and kind is type(None))
-    )
+    return type(value) is kind or (kind is float and type(value) is int) or (value is None and kind is type(None))
 
 
 def plain_name(name: str) -> bool:
@@ -127,11 +123,7 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise FlagError(f"{flag(field.name)} must be a finite number, got {value}")
-    shared = [
-        (name, test(getattr(args, name)), allowed)
-        for name, test, allowed in SHARED_FLAGS
-        if hasattr(args, name)
-    ]
+    shared = [(name, test(getattr(args, name)), allowed) for name, test, allowed in SHARED_FLAGS if hasattr(args, name)]
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
@@ -204,9 +196,7 @@ def check_env_id(env_id: str) -> None:
                 f"; it is looked for in {os.getcwd()}, in the script's folder and on PYTHONPATH: run from "
                 "the folder that holds it, add that folder to PYTHONPATH, or pip install its package"
             )
-        raise FlagError(
-            f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}"
-        ) from None
+        raise FlagError(f"--env-id {env_id}: importing {module} failed ({type(exc).__name__}: {exc}){hint}") from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else "."

@@ -36,9 +36,7 @@ class RankedRun(Run):
             stops.request.at_once = True
             try:
                 stops.request.check()  # (one the thread saw just before)
-                dist.init_process_group(
-                    backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo")
-                )
+                dist.init_process_group(backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo"))
             finally:
                 stops.request.at_once = False
         try:
@@ -48,9 +46,7 @@ class RankedRun(Run):
             if not self.lost_rank(exc):  # (asked before the group is gone)
                 raise
             reason = records.one_line(exc, 300)
-            raise RunError(
-                f"lost contact with another rank ({reason}); that rank's own message says why"
-            ) from None
+            raise RunError(f"lost contact with another rank ({reason}); that rank's own message says why") from None
         finally:
             if self.distributed:
                 dist.destroy_process_group()
@@ -69,9 +65,7 @@ class RankedRun(Run):
         """Stopped if any rank was asked to stop: every rank calls it at the same points, so every
         rank stops there and none waits in a collective for one that left. The ranks also agree here
         whether to keep the next boundary's state (if any rank's rule says so)."""
-        asked = torch.tensor(
-            [stops.request.signum or 0, int(super()._keep())], device=self._collective_device()
-        )
+        asked = torch.tensor([stops.request.signum or 0, int(Run._keep(self))], device=self._collective_device())
         if self.distributed:
             dist.all_reduce(asked, op=dist.ReduceOp.MAX)
         self.keep_next = bool(asked[1].item())
@@ -79,7 +73,7 @@ class RankedRun(Run):
             raise Stopped(int(asked[0].item()))
 
     def _keep(self) -> bool:
-        return self.keep_next if self.distributed else super()._keep()
+        return self.keep_next if self.distributed else Run._keep(self)
 
     def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """The mean of `tensor` over all ranks: what every rank must decide alike (the target_kl
@@ -126,6 +120,5 @@ class RankedRun(Run):
             return False
         text = str(exc).lower()
         return isinstance(exc, dist.DistError) or any(
-            s in text
-            for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
+            s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
         )

@@ -63,9 +63,7 @@ def hold(lock: Path) -> int:
 def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
     """Creates and holds runs/{env_id}__{exp_name}__{seed}__{unix time} (-2, -3, ... if taken)
     with its args.json; RunError in one line if it cannot be made here."""
-    base = (
-        f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     try:
         Path("runs").mkdir(exist_ok=True)
         for k in range(1, 1_000_000):
@@ -80,15 +78,12 @@ def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
     except OSError as exc:  # read-only, full, or `runs` is a file
         why = "a file of that name is in the way" if os.path.isfile("runs") else exc.strerror
         raise RunError(
-            f"cannot make the run folder in {os.path.abspath('runs')} ({why}); run from a folder "
-            "you can write to"
+            f"cannot make the run folder in {os.path.abspath('runs')} ({why}); run from a folder you can write to"
         ) from None
     raise RunError(f"no free run folder name under runs/{base}")
 
 
-def write_args(
-    run_dir: Path, args: Any, steps_per_iteration: int, world_size: int, resumed: dict | None = None
-):
+def write_args(run_dir: Path, args: Any, steps_per_iteration: int, world_size: int, resumed: dict | None = None):
     """args.json: the flags the run is trained with, the script's defaults and the fields its
     first command line gave (together, what it was asked for: its identity to a sweep), its ranks
     and the steps of an iteration of them all, and each resume: when, from which iteration and
@@ -112,9 +107,7 @@ def write_args(
                 f"{path} is not an args.json a run writes (edited since?): put it back, or remove it to have "
                 "it written anew from the checkpoint"
             )
-        changed = {
-            k: [earlier[k], v] for k, v in flags.items() if k != "resume" and k in earlier and earlier[k] != v
-        }
+        changed = {k: [earlier[k], v] for k, v in flags.items() if k != "resume" and k in earlier and earlier[k] != v}
         at = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changed}
         at |= {"from_iteration": resumed["iteration"], "from_step": resumed["global_step"]}
         record["given"] = earlier.get("given", record["given"])  # what the run was started with
@@ -169,9 +162,7 @@ def save_checkpoint(path: Path | str, state: dict) -> None:
     something torch cannot save), the previous file then unchanged."""
     path = Path(path)
     if not all(torch.isfinite(t).all() for t in _tensors(state) if t.is_floating_point()):
-        raise RunError(
-            f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)"
-        )
+        raise RunError(f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)")
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
@@ -179,9 +170,7 @@ def save_checkpoint(path: Path | str, state: dict) -> None:
     except Exception as exc:  # noqa: BLE001 - a full disk, or something in the state that does not save
         reason = f"{type(exc).__name__}: {exc.strerror}" if isinstance(exc, OSError) else one_line(exc)
         reason = "no space left on device" if getattr(exc, "errno", None) == errno.ENOSPC else reason
-        raise RunError(
-            f"could not write {path} ({reason}); the previous file, if any, is unchanged"
-        ) from None
+        raise RunError(f"could not write {path} ({reason}); the previous file, if any, is unchanged") from None
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -215,11 +204,7 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
         raise FlagError(f"{where}: not a readable checkpoint ({reason})") from None
     written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if written_by != script:
-        what = (
-            f"was written by {written_by}"
-            if isinstance(written_by, str)
-            else "is not a checkpoint of this project"
-        )
+        what = f"was written by {written_by}" if isinstance(written_by, str) else "is not a checkpoint of this project"
         raise FlagError(f"{where} {what}; {script} reads only its own checkpoints")
     check_fields(checkpoint, ("args", "model"), where, script)
     return checkpoint
@@ -234,13 +219,10 @@ def check_fields(checkpoint: dict, names: Any, where: str, script: str) -> None:
             f"{where} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} (an older "
             "version, or a file edited since)"
         )
-    wrong = [
-        name for name, ok in FIELDS.items() if name in checkpoint and not ok(checkpoint[name], checkpoint)
-    ]
+    wrong = [name for name, ok in FIELDS.items() if name in checkpoint and not ok(checkpoint[name], checkpoint)]
     if wrong:
         raise FlagError(
-            f"{where} holds a {' and a '.join(wrong)} no run of {script} writes: a file edited "
-            "since, or damaged"
+            f"{where} holds a {' and a '.join(wrong)} no run of {script} writes: a file edited since, or damaged"
         )
 
 
@@ -255,9 +237,7 @@ def _each_rank(ok: Any) -> Any:
     """A field holding one value per rank, each `ok`."""
     ranks = lambda c: c.get("world_size", 1)  # noqa: E731 - (a wrong world_size is said once, as itself)
     return lambda v, c: (
-        isinstance(v, list)
-        and all(map(ok, v))
-        and (len(v) == ranks(c) or not FIELDS["world_size"](ranks(c), c))
+        isinstance(v, list) and all(map(ok, v)) and (len(v) == ranks(c) or not FIELDS["world_size"](ranks(c), c))
     )
 
 

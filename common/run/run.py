@@ -30,14 +30,14 @@ from .stops import Stopped
 
 # a boundary's state is kept once this many times what keeping the last one took has passed
 KEEP_EVERY = 50
-IMPLICIT = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
+TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
 # the closing line a run composed, and whether it goes to stderr
 _closing_lines: list[tuple[str, bool]] = []
 
 
 class Run:
-    """A new run, the one --resume names, or the checkpoint --eval-checkpoint evaluates. `args`: the
-    flags it runs with; `dir`: its folder (None before `start`, and on ranks other than 0)."""
+    """A new run, the one --resume names, or the checkpoint --eval-checkpoint evaluates. `args`:
+    the flags it runs with; `dir`: its folder (None before `start`, and on ranks other than 0)."""
 
     def __init__(self, args: Any, rank: int = 0, world_size: int = 1, local_world_size: int = 1):
         self.script = Path(sys.modules[type(args).__module__].__file__).name
@@ -53,16 +53,14 @@ class Run:
         self.state: dict[str, Any] = {}  # what a checkpoint holds
         self.num_iterations = self.steps = 0
         self.start_iteration = 1
-        # the state kept at the last boundary kept: what a save writes
-        self.last: dict | None = None
+        self.last: dict | None = None  # the state of the last boundary kept: what a save writes
         self.written: dict | None = None  # what this run last wrote to checkpoint.pt
         self.on_disk: int | None = None  # the iteration checkpoint.pt holds
-        # when the last boundary was kept, and what keeping it took
-        self.kept_at: float | None = None
-        self.keeping = 0.0
+        # when the last boundary was kept, and what that took
+        self.kept_at, self.keeping = None, 0.0
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume continues with the
+        """The flags to run with, and the checkpoint they come from: --resume goes on with the
         run's own (the command line may change those that change nothing learned, and
         --total-timesteps); --eval-checkpoint evaluates with them (the command line's for those
         that change nothing)."""
@@ -71,47 +69,35 @@ class Run:
         path = args.resume if args.resume is not None else args.eval_checkpoint
         if path is None:
             return args, None
-        flag_name = "--resume" if args.resume is not None else "--eval-checkpoint"
-        checkpoint = records.load_checkpoint(path, flag_name, self.script)
+        where = f"{'--resume' if args.resume is not None else '--eval-checkpoint'} {path}"
+        checkpoint = records.load_checkpoint(path, where.split()[0], self.script)
         names = [f.name for f in dataclasses.fields(args)]
         # (flags dropped since: gone)
         found = {k: v for k, v in checkpoint["args"].items() if k in names}
-        wrong = flags.misfits(type(args), found)
-        if wrong:
+        if wrong := flags.misfits(type(args), found):
             listed = ", ".join(f"{name} {found[name]!r}" for name in wrong)
-            raise FlagError(
-                f"{flag_name} {path} holds flags no run of {self.script} has ({listed}): a file edited since"
-            )
+            raise FlagError(f"{where} holds flags no run of {self.script} has ({listed}): a file edited since")
         saved = type(args)(**found)
         given = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}
         module = saved.env_id.rpartition(":")[0]
         if module and "env_id" not in given:  # a checkpoint never chooses what is imported
-            raise FlagError(
-                f"{flag_name} {path} is of --env-id {saved.env_id}, which imports {module}: give "
-                f"--env-id {saved.env_id} to import it"
-            )
+            env = saved.env_id
+            raise FlagError(f"{where} is of --env-id {env}, which imports {module}: give --env-id {env} to import it")
         if args.eval_checkpoint is not None:
             if args.env_id != saved.env_id and "env_id" in given:
                 raise FlagError(
-                    f"--eval-checkpoint {path} holds a policy for {saved.env_id}, not --env-id "
-                    f"{args.env_id}: "
-                    f"drop --env-id (it is evaluated on {saved.env_id})"
+                    f"{where} holds a policy for {saved.env_id}, not --env-id {args.env_id}: drop --env-id (it is "
+                    f"evaluated on {saved.env_id})"
                 )
             if args.eval_episodes < 1:
-                raise FlagError(
-                    f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}"
-                )
+                raise FlagError(f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}")
             tolerated = {name: getattr(args, name) for name in flags.TOLERATED & {*names}}
             return dataclasses.replace(saved, **tolerated), checkpoint
-        kept = flags.differing(given, dataclasses.asdict(saved))
-        if kept:
-            listed = ", ".join(
-                f"{flags.flag(name)} {before} (not {after})" for name, (after, before) in kept.items()
-            )
+        if kept := flags.differing(given, dataclasses.asdict(saved)):
+            listed = ", ".join(f"{flags.flag(name)} {was} (not {asked})" for name, (asked, was) in kept.items())
             raise FlagError(
-                f"--resume {path} continues a run trained with {listed}: a run's results come from "
-                "one set of "
-                "flags; drop those flags, or start a new run"
+                f"{where} continues a run trained with {listed}: a run's results come from one set of flags; drop "
+                "those flags, or start a new run"
             )
         return dataclasses.replace(saved, **given | {"resume": path}), checkpoint
 
@@ -153,17 +139,13 @@ class Run:
         earlier = self._resume() if self.args.resume is not None else {}
         if self.is_main and self.args.resume is None:
             self.dir = records.make_run_dir(self.args, steps, self.world_size)
-        first = (self.start_iteration - 1) * steps
-        recent = (self.checkpoint or {}).get("recent_returns", [])
+        first, recent = (self.start_iteration - 1) * steps, (self.checkpoint or {}).get("recent_returns", [])
         self.progress = progress.Progress(num_iterations * steps, first, self.is_main, recent, earlier)
-        self.writer = (
-            progress.open_writer(self.dir, self.args, first) if self.is_main else progress.NoWriter()
-        )
+        self.writer = progress.open_writer(self.dir, self.args, first) if self.is_main else progress.NoWriter()
         status = "failed"
         try:
-            with (
-                contextlib.ExitStack() as self._resources
-            ):  # the envs, closed as the run ends, however it ends
+            # the envs, closed as the run ends, however it ends
+            with contextlib.ExitStack() as self._resources:
                 try:
                     yield self.writer
                     status = "done"
@@ -174,12 +156,9 @@ class Run:
                 except Exception as exc:
                     if not isinstance(exc, (WorkerError, TimeoutError)) and not self.lost_rank(exc):
                         raise  # a bug, or the script's own RunError (NaN weights): nothing to save
-                    stopped = stops.request.wait(
-                        1.0
-                    )  # a scheduler signals every process: an env may die first
-                    status = (
-                        f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
-                    )
+                    # a scheduler signals every process: an env may die first
+                    stopped = stops.request.wait(1.0)
+                    status = f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
                     self._save_on_the_way_out()
                     if stopped:
                         raise Stopped(stops.request.signum) from None
@@ -190,45 +169,35 @@ class Run:
                 self._close(status)
 
     def _resume(self) -> dict:
-        """Puts the checkpoint's state into `state` and holds the run's folder; returns its
-        summary so far. FlagError unless the checkpoint holds all of it, written with as many
-        ranks; Finished if nothing is left to do (the summary then says so)."""
+        """Puts the checkpoint's state into `state`, holds the run's folder and says there it
+        runs again; returns its summary so far. FlagError unless the checkpoint holds all of it,
+        written with as many ranks; Finished (the summary then says done) if nothing is left to
+        do."""
         checkpoint, path = self.checkpoint, self.args.resume
-        names = [name for name in ("iteration", *self.state) if name not in IMPLICIT]
+        names = [name for name in ("iteration", *self.state) if name not in TORCH_GENERATORS]
         records.check_fields(checkpoint, names, f"--resume {path}", self.script)
-        if checkpoint.get("world_size", 1) != self.world_size:
-            ranks = checkpoint["world_size"]
+        if (ranks := checkpoint.get("world_size", 1)) != self.world_size:
             raise FlagError(
-                f"--resume {path} was written with {ranks} ranks; resume it with {ranks}, not "
-                f"{self.world_size}"
+                f"--resume {path} was written with {ranks} ranks; resume it with {ranks}, not {self.world_size}"
             )
-        done, total = checkpoint["iteration"], self.args.total_timesteps
-        self.dir = Path(path).parent if self.is_main else None
-        ours = self.dir / "checkpoint.pt" if self.is_main else None
+        done, total, earlier = checkpoint["iteration"], self.args.total_timesteps, {}
         if self.is_main:
+            self.dir = Path(path).parent
             records.hold(self.dir / records.LOCK)
+            ours, earlier = self.dir / "checkpoint.pt", records.read_json(self.dir / "summary.json") or {}
             self.on_disk = done if _same_file(path, ours) else _iteration_of(ours)
-        earlier = (records.read_json(self.dir / "summary.json") or {}) if self.is_main else {}
         if done >= self.num_iterations:
-            if self.is_main and _same_file(path, ours) and earlier.get("status") != "done":
+            if self.is_main and self.on_disk == done and earlier.get("status") != "done":
                 # all trained
                 records.write_json(self.dir / "summary.json", {**earlier, "status": "done"})
             if self.is_main:
                 (self.dir / records.LOCK).unlink()
-            asked = (
-                f" (--total-timesteps {total} asks for {self.num_iterations})"
-                if done > self.num_iterations
-                else ""
-            )
-            raise Finished(
-                f"--resume {path}: that run finished its {done} iterations already{asked}; nothing "
-                "to do (a larger "
-                "--total-timesteps continues it)"
-            )
+            asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
+            more = "nothing to do (a larger --total-timesteps continues it)"
+            raise Finished(f"--resume {path}: that run finished its {done} iterations already{asked}; {more}")
         for name, obj in self.state.items():
-            if (
-                name not in checkpoint
-            ):  # torch's own generators, from a run on another device (or an older version)
+            # torch's own generators, from a run on another device (or an older version)
+            if name not in checkpoint:
                 continue
             try:
                 if isinstance(obj, np.random.Generator):
@@ -251,19 +220,13 @@ class Run:
         if not self.is_main:
             return {}
         if (self.dir / "args.json").exists() and records.read_json(self.dir / "args.json") is None:
-            print(
-                f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew "
-                "from the checkpoint"
-            )
+            print(f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew from the checkpoint")
         try:
             records.write_args(self.dir, self.args, self.steps, self.world_size, resumed=checkpoint)
-            records.write_json(
-                self.dir / "summary.json", {**earlier, "status": "running"}
-            )  # (a kill leaves that)
+            # (what a kill leaves)
+            records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
         except OSError as exc:
-            raise RunError(
-                f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there"
-            ) from None
+            raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
         return earlier
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
@@ -271,36 +234,25 @@ class Run:
         --num-workers says), closed as the run ends; and the observations to act on first: the
         envs as the checkpoint left them, or reset with seed + i for env i (after a stop, seeds
         no earlier part of the run used)."""
-        args = self.args
+        args, bounds = self.args, {"max_restarts": self.args.max_restarts, "step_timeout": self.args.step_timeout}
         env_fns = [make_env(args, i, self.dir) for i in range(num_envs)]
-        envs = SubprocVecEnv(
-            env_fns,
-            num_workers=self._num_workers(),
-            max_restarts=args.max_restarts,
-            step_timeout=args.step_timeout,
-            interrupt=self._interrupt(),
-            probe=self.probed,
-        )
-        self.envs = self._resources.enter_context(envs)
+        layout = {"num_workers": self._num_workers(), "interrupt": self._interrupt(), "probe": self.probed}
+        envs = self.envs = self._resources.enter_context(SubprocVecEnv(env_fns, **layout, **bounds))
         first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
-        next_obs, why = None, ""
-        if args.resume is not None:
-            saved = self.checkpoint.get("env_states", [None] * self.world_size)[self.rank]
-            why = "its envs could not be saved" if saved is None else ""
-            if isinstance(saved, bytes):
-                why = "an older version pickled its env states: they are not loaded, as no pickle is"
-            elif saved is not None:
-                try:
-                    next_obs = envs.load_env_states(saved)
-                except ValueError as exc:
-                    why = f"its env states do not fit these envs: {records.one_line(exc)}"
+        saved = (self.checkpoint or {}).get("env_states", [None] * self.world_size)[self.rank]
+        next_obs, why = None, "its envs could not be saved" if saved is None else ""
+        if isinstance(saved, bytes):
+            why = "an older version pickled its env states: they are not loaded, as no pickle is"
+        elif saved is not None and args.resume is not None:
+            try:
+                next_obs = envs.load_env_states(saved)
+            except ValueError as exc:
+                why = f"its env states do not fit these envs: {records.one_line(exc)}"
         if next_obs is None:
             next_obs = envs.reset(seed=first_seed)[0]
         line = f"{args.env_id}, {envs.placement}, {self.device}{self._ranks_note(first_seed)}"
         if args.resume is not None:
-            line += (
-                f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
-            )
+            line += f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
             line += f"the envs in fresh episodes ({why})" if why else "the envs as they were"
         if self.is_main:
             print(f"{self.script}: {line}; results in {self.dir}", flush=True)
@@ -318,32 +270,21 @@ class Run:
 
     def _boundary(self, done: int) -> None:
         interval = self.args.checkpoint_interval
-        due = done == self.num_iterations or (
-            done >= self.start_iteration and interval and done % interval == 0
-        )
+        due = done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0)
         if not (due or self._keep()):
             return
         started = time.perf_counter()
-        own = {
-            name: obj.bit_generator.state if isinstance(obj, np.random.Generator) else obj.get_state()
-            for name, obj in self.state.items()
-            if _per_rank(obj)
-        }
+        own = {name: _rng_state(obj) for name, obj in self.state.items() if _per_rank(obj)}
         everyone = self._gather((own, self.envs.save_env_states() if self.envs is not None else None))
         if self.is_main:
-            self.last = {
-                "script": self.script,
-                "args": dataclasses.asdict(self.args),
-                "world_size": self.world_size,
-                "iteration": done,
-                "global_step": done * self.steps,
+            self.last = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size}
+            self.last |= {"iteration": done, "global_step": done * self.steps}
+            self.last |= {
                 "env_states": [envs for _, envs in everyone],
-                "recent_returns": list(self.progress.recent_returns),
+                "recent_returns": [*self.progress.recent_returns],
             }
             for name, obj in self.state.items():
-                self.last[name] = (
-                    [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
-                )
+                self.last[name] = [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
         # (the first keeping pays for what is done once: the next boundary is kept, and timed, too)
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
@@ -380,13 +321,10 @@ class Run:
         for name, obj in self.state.items():
             if isinstance(obj, torch.nn.Module) and not all(p.isfinite().all() for p in obj.parameters()):
                 raise RunError(
-                    f"iteration {global_step // self.steps} (global_step {global_step}): the "
-                    f"weights of {name} "
+                    f"iteration {global_step // self.steps} (global_step {global_step}): the weights of {name} "
                     "became NaN/Inf; look for NaN/Inf in observations or rewards, or lower --learning-rate"
                 )
-        self.progress.log(
-            self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings
-        )
+        self.progress.log(self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings)
 
     def evaluate(self, act: Callable[[Any], Any], make_env: Callable) -> list[float]:
         """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on env 0 of
@@ -398,9 +336,7 @@ class Run:
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
         env_fn = make_env(args, 0, Path(args.eval_checkpoint or self.dir / "checkpoint.pt").parent / "eval")
         returns = []
-        with SubprocVecEnv(
-            [env_fn], num_workers=args.num_workers, interrupt=stops.request, probe=self.probed
-        ) as envs:
+        with SubprocVecEnv([env_fn], num_workers=args.num_workers, interrupt=stops.request, probe=self.probed) as envs:
             obs, _ = envs.reset(seed=args.seed + 10_000)  # seeds training never used
             while len(returns) < args.eval_episodes:
                 obs, _, _, _, infos = envs.step(act(obs))
@@ -450,11 +386,7 @@ class Run:
         try:
             records.write_json(self.dir / "summary.json", summary)
         except OSError as exc:
-            print(
-                f"{self.script}: cannot write {self.dir / 'summary.json'} ({exc.strerror})",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"{self.script}: cannot write {self.dir / 'summary.json'} ({exc.strerror})", file=sys.stderr)
         return summary
 
     def _close(self, status: str) -> None:
@@ -462,20 +394,18 @@ class Run:
         removed). A run stopped while it evaluates its last checkpoint is done: nothing is left
         to train."""
         trained = self.on_disk == self.num_iterations
-        if trained and status != "done":
-            status = f"done (its evaluation: {status})"
+        status = f"done (its evaluation: {status})" if trained and status != "done" else status
         summary, mean = self._summarize(status.split(" (")[0]), self.progress.mean_return()
         line = (
             f"{self.script}: {status}: {summary['global_step']} of {summary['last_step']} steps in "
             f"{progress.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
-            f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard --logdir "
-            f"{self.dir.parent})"
+            f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard "
+            f"--logdir {self.dir.parent})"
         )
         if summary["checkpoint"]:
             again = "python" if trained or self.world_size == 1 else "torchrun <the same torchrun options>"
-            how = "evaluate with: " if trained else "continue with: "
-            flag = "--eval-checkpoint" if trained else "--resume"
-            line += f"; {how}{again} {sys.argv[0]} {flag} {summary['checkpoint']}"
+            how, flag = ("evaluate with", "--eval-checkpoint") if trained else ("continue with", "--resume")
+            line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
         # (held still: let go as the process ends)
         (self.dir / records.LOCK).unlink(missing_ok=True)
         _closing_lines.append((line, status != "done"))
@@ -512,9 +442,8 @@ class Run:
                     sys.stdout.flush()
                     if not isinstance(exc, BrokenPipeError):
                         raise
-                os.dup2(
-                    os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
-                )  # the reader left: no complaint
+                # the reader left: no complaint
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise SystemExit(0) from None
             main(args)
         except Finished as exc:
@@ -541,28 +470,29 @@ def _per_rank(obj: Any) -> bool:
     return isinstance(obj, (np.random.Generator, torch.Generator))
 
 
+def _rng_state(generator: Any) -> Any:
+    return generator.bit_generator.state if isinstance(generator, np.random.Generator) else generator.get_state()
+
+
 def _copy(state: Any) -> Any:
     """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of
     deepcopy's time)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
     if type(state) in (list, tuple) or isinstance(state, dict):
-        items = state.items() if isinstance(state, dict) else enumerate(state)
-        copied = {key: _copy(value) for key, value in items}
+        copied = {key: _copy(value) for key, value in (state.items() if isinstance(state, dict) else enumerate(state))}
         return copied if isinstance(state, dict) else type(state)(copied.values())
     return copy.deepcopy(state)
 
 
 def _same_file(path: str, other: Path) -> bool:
-    try:
+    with contextlib.suppress(OSError):
         return os.path.samefile(path, other)
-    except OSError:
-        return False
+    return False
 
 
 def _iteration_of(path: Path) -> int | None:
-    """The iteration the checkpoint at `path` holds (None if there is none, or it cannot be
-    read)."""
+    """The iteration the checkpoint at `path` holds (None: none there, or it cannot be read)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iteration"]
     except Exception:  # noqa: BLE001 - no readable checkpoint there

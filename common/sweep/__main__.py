@@ -38,14 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor", choices=["local", "slurm", "submitit-local"], default="local")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (local), jobs at a time (slurm)")
     parser.add_argument("--partition", help="SLURM partition")
-    parser.add_argument(
-        "--timeout-min", type=int, default=24 * 60, help="a job's time limit, minutes (submitit)"
-    )
+    parser.add_argument("--timeout-min", type=int, default=24 * 60, help="a job's time limit, minutes (submitit)")
     parser.add_argument("--cpus-per-task", type=int, help="SLURM cpus per task")
     parser.add_argument("--gpus", type=int, help="SLURM gpus per node")
-    parser.add_argument(
-        "--report", type=Path, help="write report.md and curves for the runs into this folder"
-    )
+    parser.add_argument("--report", type=Path, help="write report.md and curves for the runs into this folder")
     parser.add_argument("--report-only", action="store_true", help="only the report, from the runs there are")
     args = parser.parse_args(own)
     for name, least in (("jobs", 1), ("timeout_min", 1), ("cpus_per_task", 1), ("gpus", 0)):
@@ -90,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(runs)} runs in {time.time() - start:.0f} s", flush=True)
         if unfinished:
             print(
-                f"unfinished: {', '.join(unfinished)}; the same command resumes what was saved and "
-                "starts the rest",
+                f"unfinished: {', '.join(unfinished)}; the same command resumes what was saved and starts the rest",
                 flush=True,
             )
         if STOP.signum is not None:

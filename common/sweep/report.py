@@ -58,8 +58,7 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
         flags = {
             name: value
             for name, value in asked_of(saved).items()
-            if name not in ("env_id", "seed", "exp_name", *TOLERATED)
-            and value != saved.get("defaults", {}).get(name)
+            if name not in ("env_id", "seed", "exp_name", *TOLERATED) and value != saved.get("defaults", {}).get(name)
         }
         seeds_run = ", ".join(str(run.seed) for run, _ in finished)
         columns[env_id] = (
@@ -82,9 +81,7 @@ def report(runs: list[Run], out: Path, reference: dict[str, str] | None = None) 
     if notes:
         lines += ["", "Not averaged:", *notes]
     for env_id, folders in averaged.items():
-        png = plot_groups(
-            {env_id: folders}, out / f"{env_id.replace('/', '-').replace(':', '-')}.png", env_id
-        )
+        png = plot_groups({env_id: folders}, out / f"{env_id.replace('/', '-').replace(':', '-')}.png", env_id)
         lines += ["", f"![{env_id}]({png.name})"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return lines
@@ -113,9 +110,7 @@ def episodes(run_dir: Path | str) -> tuple[Any, Any, Any]:
     scalars = read_scalars(run_dir, wall_time=True)
     points = scalars.get("charts/episodic_return", [])
     start = min((p[2] for values in scalars.values() for p in values), default=0.0)
-    steps, returns, wall = (
-        (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3
-    )
+    steps, returns, wall = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True)) if points else ([],) * 3
     return np.asarray(steps), np.asarray(returns), np.asarray(wall) - start
 
 
@@ -209,9 +204,7 @@ def plot_groups(groups: dict[str, list[Path | str]], path: Path, title: str) -> 
             if band is None:
                 continue
             grid, mean, low, high = band
-            (line,) = ax.plot(
-                grid, mean, lw=1.5, label=f"{name}: mean of {len(runs)} runs, 95% bootstrap band"
-            )
+            (line,) = ax.plot(grid, mean, lw=1.5, label=f"{name}: mean of {len(runs)} runs, 95% bootstrap band")
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         ax.set(xlabel=label, ylabel="episodic return (mean of the last 20)", title=title)
         ax.grid(alpha=0.3)

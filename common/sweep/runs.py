@@ -51,9 +51,7 @@ class Run:
             stamp, _, k = folder.name.rsplit("__", 1)[1].partition("-")
             return (int(stamp), int(k or 1)) if stamp.isdigit() and (k or "1").isdigit() else (0, 0)
 
-        return sorted(
-            Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda folder: (made(folder), folder.name)
-        )
+        return sorted(Path(self.cwd, "runs").glob(self.key + "__*"), key=lambda folder: (made(folder), folder.name))
 
     def asked(self, saved: dict[str, Any]) -> dict[str, Any]:
         """The flag values this run asks for, as args.json writes them: the script's defaults (those
@@ -77,9 +75,7 @@ class Run:
         if saved.get("world_size", 1) != 1:
             found["ranks"] = (1, saved["world_size"])
         reached = number((records.read_json(folder / "summary.json") or {}).get("global_step"))
-        if (total := asked.get("total_timesteps")) is not None and (
-            why := other_length(total, saved, reached)
-        ):
+        if (total := asked.get("total_timesteps")) is not None and (why := other_length(total, saved, reached)):
             found["total_timesteps"] = (total, why)
         return found
 
@@ -372,9 +368,8 @@ def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
     executor = submitit_executor(args)
     # the folder this package is in
     root = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [root, os.environ.get("PYTHONPATH")])
-    )  # jobs import it
+    # jobs import it
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     jobs = executor.map_array(RunJob(), runs)
     print(f"submitted {len(jobs)} jobs ({', '.join(job.job_id for job in jobs[:3])}...)", flush=True)
     return [job.result() for job in jobs]
@@ -393,8 +388,6 @@ def seeds(spec: list[str]) -> list[int]:
         if not lo <= hi < 2**32:
             raise ValueError(f"--seeds {item}: write seeds in [0, 2**32), or ranges low-high such as 1-10")
         if len(found) + hi - lo + 1 > MAX_RUNS:
-            raise ValueError(
-                f"--seeds {' '.join(spec)} asks for over {MAX_RUNS} seeds: a sweep takes at most that"
-            )
+            raise ValueError(f"--seeds {' '.join(spec)} asks for over {MAX_RUNS} seeds: a sweep takes at most that")
         found += range(lo, hi + 1)
     return found

@@ -51,9 +51,7 @@ def chain(env: gym.Env) -> list[gym.Env]:
 def take(env: gym.Env) -> dict | None:
     """The env's state as data, or None if it holds something else."""
     layers = chain(env)[::-1]
-    if not all(
-        type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False) for e in layers
-    ):
+    if not all(type(e).__module__.startswith(SAFE_MODULES) or getattr(type(e), "pickle_state", False) for e in layers):
         return None
     seen: dict[int, tuple] = {}
     try:
@@ -96,11 +94,7 @@ def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
         return ("rng", obj.bit_generator.state)
     if isinstance(obj, (list, tuple, collections.deque)):
         items = [value(item, seen) for item in obj]
-        return (
-            ("deque", obj.maxlen, items)
-            if isinstance(obj, collections.deque)
-            else (type(obj).__name__, items)
-        )
+        return ("deque", obj.maxlen, items) if isinstance(obj, collections.deque) else (type(obj).__name__, items)
     if type(obj) is dict:
         return ("dict", [[value(k, seen), value(v, seen)] for k, v in obj.items()])
     module, name = type(obj).__module__, type(obj).__name__
@@ -111,7 +105,7 @@ def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
 
         state = np.empty(mujoco.mj_stateSize(obj.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(obj.model, obj, state, mujoco.mjtState.mjSTATE_INTEGRATION)
-        derived = [[key, value(array.copy(), seen)] for key, array in _mujoco_arrays(obj).items()]
+        derived = [[key, value(array, seen)] for key, array in _mujoco_arrays(obj).items()]
         return ("mujoco", value(state, seen), derived)
     if module.startswith("gymnasium.") and hasattr(obj, "__dict__"):
         return ("object", name, _fields(obj, seen))
@@ -175,9 +169,7 @@ class _InPlace:
             import mujoco
 
             self.state = decoded(rest[0], None, seen)
-            if np.shape(self.state) != (
-                mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION),
-            ):
+            if np.shape(self.state) != (mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION),):
                 raise ValueError("MuJoCo's state has another size: another model")
             self.derived = {key: decoded(data, None, seen) for key, data in rest[1]}
         elif kind == "object" and type(current).__name__ == rest[0]:
@@ -194,9 +186,7 @@ class _InPlace:
             for key, array in _mujoco_arrays(self.current).items():
                 if np.shape(self.derived.get(key)) == array.shape:
                     np.copyto(array, self.derived[key])
-            mujoco.mj_setState(
-                self.current.model, self.current, self.state, mujoco.mjtState.mjSTATE_INTEGRATION
-            )
+            mujoco.mj_setState(self.current.model, self.current, self.state, mujoco.mjtState.mjSTATE_INTEGRATION)
         else:
             _assign(self.current, self.state)
 
@@ -205,17 +195,13 @@ _MUJOCO_ARRAYS: list[str] = []
 
 
 def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
-    """MjData's arrays but the constraints' (each step computes and sizes them anew): its state
-    and what an env reads before a step (Ant's reward starts from the body positions of the last
-    substep)."""
+    """MjData's arrays of floats: what the last step derived from the state, which an env may
+    read before the next (Ant's reward starts from body positions), and the state. Not its arrays
+    of indices: a step computes those anew, and numbers from a file must never index memory."""
     if not _MUJOCO_ARRAYS:
         for key in dir(data):
             with contextlib.suppress(Exception):  # (some properties raise where unused)
-                if (
-                    not key.startswith("_")
-                    and "efc" not in key
-                    and isinstance(getattr(data, key), np.ndarray)
-                ):
+                if not key.startswith("_") and getattr(data, key).dtype.kind == "f":
                     _MUJOCO_ARRAYS.append(key)
     return {key: getattr(data, key) for key in _MUJOCO_ARRAYS}
 
@@ -225,9 +211,7 @@ def _fields(obj: Any, seen: dict[int, tuple]) -> list:
     builds)."""
     rebuilt = lambda field: isinstance(field, REBUILT) or type(field).__name__ == "MjModel"  # noqa: E731
     return [
-        [name, value(field, seen)]
-        for name, field in vars(obj).items()
-        if name not in NOT_TAKEN and not rebuilt(field)
+        [name, value(field, seen)] for name, field in vars(obj).items() if name not in NOT_TAKEN and not rebuilt(field)
     ]
 
 

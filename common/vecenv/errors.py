@@ -33,9 +33,7 @@ def first_failure(failures: dict[int, Exception]) -> Exception:
     ordered = sorted(failures.values(), key=lambda error: error.env_indices)
     error = ordered[0]
     if len(ordered) > 1:
-        error.args = (
-            f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",
-        )
+        error.args = (f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",)
     return error
 
 

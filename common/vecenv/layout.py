@@ -70,9 +70,7 @@ class ProbeFailed(Exception):
         self.done = {"make": "built", "start": "built", "reset": "reset", "step": "stepped"}.get(phase, phase)
 
 
-def choose(
-    env_fns: list, num_workers: int | None, bounded: bool, cores: int, probed: Any, **probing
-) -> tuple:
+def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, probed: Any, **probing) -> tuple:
     """The worker processes for env_fns (0: this process) and what the choice was made from
     (`basis`, for `describe`): num_workers as asked; workers where steps must be bounded or
     restarted; else `decide` on what a probe of env_fns[-1] found (`probed`, if the caller probed
@@ -151,9 +149,7 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
             pass
 
 
-def _next_message(
-    conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str
-):
+def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str):
     """The probe's next message, None at the deadline; ProbeFailed if the probe ended without
     one."""
     poller = select.poll()
@@ -204,9 +200,8 @@ def probe_main(data: dict) -> None:
     try:
         if data["registry"] is not None:
             gym.registry.update(pickle.loads(data["registry"]))
-        env_fn = cloudpickle.loads(
-            data["env_fn"]
-        )  # imports the env's module: start-up, not the env's own work
+        # imports the env's module: start-up, not the env's own work
+        env_fn = cloudpickle.loads(data["env_fn"])
         conn.send(pickle.dumps(("ready", None)))
         env = env_fn()
         origin = [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]
@@ -289,11 +284,7 @@ def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict
     w = max(1, min(cores, n))
     basis = {key: probed.get(key) for key in ("origin", "trusted", "step", "reference")} if probed else {}
     if probed is None or not probed["trusted"]:
-        why = (
-            "workers bound its waits and outlive its crashes"
-            if probed
-            else "workers report the probe's failure"
-        )
+        why = "workers bound its waits and outlive its crashes" if probed else "workers report the probe's failure"
         return w, dict(basis, why=why)
     if w == 1:
         return 0, dict(basis, why="one core or one env: nothing to spread")
@@ -301,9 +292,7 @@ def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict
         return w, dict(basis, why="workers save more than they cost")
     saved = probed["step"] / probed["reference"] * (n - math.ceil(n / w))
     if saved < ROUND_TRIP:
-        return 0, dict(
-            basis, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost"
-        )
+        return 0, dict(basis, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost")
     return w, dict(basis, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
 
 

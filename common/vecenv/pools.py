@@ -117,9 +117,7 @@ class WorkerPool:
         self.replies: dict[int, Any] = {}
         self.block_fd: int | None = None
         self.attach_message = b""
-        self.finalizer = weakref.finalize(
-            self, _shutdown, self.procs, self.conns, self.timed_out, close_timeout
-        )
+        self.finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.timed_out, close_timeout)
         for w in range(len(slices)):
             self._start(w)
 
@@ -168,9 +166,8 @@ class WorkerPool:
         start, fns = self.slices[w].start, self.env_fns_bytes[w]
         args = (start, fns, child_sock, give, inherited if self.fork else [], self.spin, self.tmpdir)
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
-        with (
-            process_control.stop_signals_blocked()
-        ):  # until the worker (and a forkserver it starts) ignores them
+        # until the worker (and a forkserver it starts) ignores them
+        with process_control.stop_signals_blocked():
             proc.start()
         child_sock.close()
         conn, exit_fd = Channel(parent_sock), _exit_fd(proc)
@@ -237,9 +234,7 @@ class WorkerPool:
                 for w in [w for w in self.pending if w not in overdue and deadlines[w] <= time.monotonic()]:
                     overdue.add(w)
                     envs = self.envs_of(w)
-                    message = (
-                        f"envs {envs} did not answer '{self.pending[w]}' within {self._bound(w, timeout):g} s"
-                    )
+                    message = f"envs {envs} did not answer '{self.pending[w]}' within {self._bound(w, timeout):g} s"
                     failures[w] = WorkerTimeout(f"{message} (worker {w})", envs, self.pending[w])
                 # never asked politely again: killed on restart or close
                 self.timed_out.update(overdue)
@@ -295,9 +290,7 @@ class WorkerPool:
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    def restart(
-        self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]
-    ) -> tuple[dict, dict]:
+    def restart(self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]) -> tuple[dict, dict]:
         """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its
         reset reply}, {worker: the failure of its rebuild})."""
         for w in ws:

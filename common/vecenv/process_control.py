@@ -110,9 +110,7 @@ def describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "closed its pipe without exiting"
     if exitcode < 0:
-        name = (
-            signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
-        )
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
         return f"was killed by {name} (exit code {exitcode})"
     return f"exited with code {exitcode}"
 
@@ -137,6 +135,4 @@ def unguarded_main() -> str:
 
 
 def plural(count: int, noun: str) -> str:
-    return (
-        f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"
-    )
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"

@@ -16,9 +16,7 @@ from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)
 
 
-def block_fields(
-    n: int, obs_space: gym.Space, act_space: gym.Space, shared_memory: bool
-) -> tuple[list, bool, bool]:
+def block_fields(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memory: bool) -> tuple[list, bool, bool]:
     """The block's arrays for n envs, (name, shape, dtype) each, and whether observations and
     actions live there."""
     fields = [
@@ -46,9 +44,7 @@ def layout(fields: list[tuple[str, tuple[int, ...], Any]]) -> tuple[list[tuple],
 
 
 def views(buffer: Any, placed: list[tuple]) -> dict[str, np.ndarray]:
-    return {
-        name: np.ndarray(shape, dtype, buffer=buffer, offset=offset) for name, offset, shape, dtype in placed
-    }
+    return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset) for name, offset, shape, dtype in placed}
 
 
 def anonymous_file(size: int) -> int:

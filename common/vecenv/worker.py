@@ -73,9 +73,7 @@ def decode(msg: bytes) -> tuple[Command, Any]:
     try:
         command = Command(msg[:1])
     except ValueError:
-        raise ValueError(
-            f"unknown command byte {msg[:1]!r} (a protocol fault between trainer and worker)"
-        ) from None
+        raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between trainer and worker)") from None
     return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
 
 
@@ -121,9 +119,7 @@ class EnvGroup:
         # numpy would broadcast a scalar into the row silently
         elif np.shape(obs) != self.obs_view.shape[1:]:
             shape = self.obs_view.shape[1:]
-            raise ValueError(
-                f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has {shape}"
-            )
+            raise ValueError(f"the observation has shape {np.shape(obs)}, but its space {self.obs_space} has {shape}")
         else:
             self.obs_view[k] = obs
 
@@ -131,9 +127,7 @@ class EnvGroup:
         """Steps every env, resetting those that ended in the same step; None if only the block
         changed."""
         actions = self.views["actions"] if actions_arg is None else actions_arg
-        rewards, terminations, truncations = (
-            self.views[k] for k in ("rewards", "terminations", "truncations")
-        )
+        rewards, terminations, truncations = (self.views[k] for k in ("rewards", "terminations", "truncations"))
         extras, obs_list = [], []
         for k, env in enumerate(self.envs):
             self.current = k
@@ -246,9 +240,7 @@ def worker_main(
         os.setpgid(0, 0)  # a process group of its own: the helpers its envs start end with it
     process_control.ignore_stop_signals()
     signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's
-    threading.Thread(
-        target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True
-    ).start()
+    threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
     conn, envs, group = Channel(sock), [], None
     doing, k = "make", 0  # what the worker is doing, and to which of its envs: named in any error
     try:
@@ -264,9 +256,7 @@ def worker_main(
         size, offsets, obs_in_shm = decode(msg)[1]
         block = mmap.mmap(fd, size)
         os.close(fd)
-        views = {
-            name: view[first : first + len(envs)] for name, view in shared_block.views(block, offsets).items()
-        }
+        views = {name: view[first : first + len(envs)] for name, view in shared_block.views(block, offsets).items()}
         group = EnvGroup(envs, views, obs_in_shm)
         conn.send(Reply.OK)
 

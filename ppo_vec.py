@@ -128,7 +128,8 @@ def make_env(args: Args, idx: int, run_dir: Path | None):
         if video:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         space = env.observation_space
-        if not space.is_np_flattenable or space.dtype == np.uint8 and len(space.shape) >= 2:
+        # images
+        if not space.is_np_flattenable or (space.dtype == np.uint8 and len(space.shape) >= 2):
             raise ValueError(
                 f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a "
                 "vector (Box, Dict, Tuple, Discrete); for images use ppo_atari_multigpu.py"
@@ -236,8 +237,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     obs_space, action_space = run.probe(make_env)  # env 0, built in a process of its own
     check_spaces(args, action_space)
     continuous = isinstance(action_space, gym.spaces.Box)
-    # args.json says what ran
-    args.norm_obs = continuous if args.norm_obs is None else args.norm_obs
+    if args.norm_obs is None:  # on for Box actions; run.start records what ran in args.json
+        args.norm_obs = continuous
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.num_threads)
     batch_size = args.num_envs * args.num_steps
@@ -394,7 +395,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             inference = update_start - rollout_start - env_time
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        # CleanRL's file was saved at the end: evaluate it
+        # --save-model wrote <exp-name>.cleanrl_model at the last boundary: evaluate that policy
         if args.save_model and args.eval_episodes:
             run.evaluate(greedy, make_env)
 

@@ -63,11 +63,7 @@ CLEANRL_MUJOCO = {  # CleanRL's published ppo_continuous_action.py results, v4 e
 }
 VEC_CASES = {  # case -> (target, flags, default seeds)
     "cartpole": ("last-20 mean return >= 475 on every seed", CARTPOLE, range(1, 11)),
-    "cartpole-ablation": (
-        "the same, without reward normalization",
-        CARTPOLE + " --no-norm-reward",
-        range(1, 11),
-    ),
+    "cartpole-ablation": ("the same, without reward normalization", CARTPOLE + " --no-norm-reward", range(1, 11)),
     "pendulum": ("last-20 mean return >= -300 on every seed", PENDULUM, range(1, 11)),
     "acrobot": ("reported (no target set)", ACROBOT, range(1, 11)),
 }
@@ -181,9 +177,7 @@ def main() -> None:
             save_png(report.plot_groups(runs, png, f"{group}, ppo_vec.py preset"))
             lines += ["", f"![{group}]({png.name})"]
     plt = save(
-        f"learning_{args.case}",
-        lines,
-        {"finals": finals, "stats": stats, "curves": curves, "diagnostics": diagnostics},
+        f"learning_{args.case}", lines, {"finals": finals, "stats": stats, "curves": curves, "diagnostics": diagnostics}
     )
     if plt is None or args.case == "mujoco":
         return

@@ -50,8 +50,7 @@ class Parameters:
     ale_steps_per_core: float = param(2100.0, "measured (--measure): one Breakout of make_env, random actions")
     roundtrip_seconds: float = param(150e-6, "measured (--measure): SubprocVecEnv step of do-nothing 4x84x84 envs")
     inference_seconds: float = param(
-        0.6e-3,
-        "per rollout step on a GPU; ASSUMED: launch-bound CNN forward of 8 stacks, ~20 kernels + 2 copies",
+        0.6e-3, "per rollout step on a GPU; ASSUMED: launch-bound CNN forward of 8 stacks, ~20 kernels + 2 copies"
     )
     update_seconds: float = param(
         0.10, "per iteration on a GPU; ASSUMED: 16 minibatches of 256 at ~6 ms (forward, backward, Adam)"
@@ -158,12 +157,7 @@ def measure(p: Parameters, device: str, iterations: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as cwd:
         batch = p.local_num_envs * p.num_steps
-        cmd = [
-            sys.executable,
-            str(REPO / "ppo_atari_multigpu.py"),
-            "--total-timesteps",
-            str(batch * iterations),
-        ]
+        cmd = [sys.executable, str(REPO / "ppo_atari_multigpu.py"), "--total-timesteps", str(batch * iterations)]
         cmd += ["--local-num-envs", str(p.local_num_envs), "--num-steps", str(p.num_steps)]
         cmd += [] if device == "cuda" else ["--no-cuda"]
         subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, timeout=900)

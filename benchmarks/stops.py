@@ -69,13 +69,7 @@ class Case:
         script = str(REPO / self.script)
         if self.ranks == 1:
             return [sys.executable, script, *self.args, *extra]
-        launcher = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={self.ranks}",
-        ]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}"]
         return [*launcher, script, *self.args, *extra]
 
 

@@ -172,10 +172,7 @@ def main() -> None:
                 samples[label][name].append(sps)
                 if name == "ours":
                     samples[label]["breakdown"].append(breakdown)
-            print(
-                f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds),
-                flush=True,
-            )
+            print(f"{label:28s} " + ", ".join(f"{name} {samples[label][name][-1]:6d} SPS" for name in cmds), flush=True)
     hopper = None
     if args.hopper and cleanrl:  # one whole run each, ours first
         steps = ["--total-timesteps", str(args.hopper_steps), "--seed", "1"]
@@ -219,10 +216,7 @@ def write_report(samples, args, hopper=None) -> None:
         lines.append(row + " " + " | ".join(f"{p:.3f}" for p in parts) + " |")
     one, eight = summary.get("CartPole-v1, 1 envs"), summary.get("CartPole-v1, 8 envs")
     if one and eight:
-        lines += [
-            "",
-            f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x.",
-        ]
+        lines += ["", f"Vectorization: ppo_vec.py SPS at 8 envs / at 1 env = {eight['ours'] / one['ours']:.2f}x."]
     if hopper:
         (ours_sps, ours_wall), (theirs_sps, theirs_wall) = hopper["ours"], hopper["CleanRL"]
         lines += [

@@ -87,10 +87,7 @@ def measure(n: int, spin: float, steps: int) -> dict[str, float]:
     for name in os.listdir(TRACE_DIR):
         os.remove(os.path.join(TRACE_DIR, name))
     envs = SubprocVecEnv(
-        [Traced(make_env(Args(), i, None)) for i in range(n)],
-        num_workers=CORES,
-        worker_spin=spin,
-        context="fork",
+        [Traced(make_env(Args(), i, None)) for i in range(n)], num_workers=CORES, worker_spin=spin, context="fork"
     )
     try:
         envs.reset(seed=0)

@@ -99,19 +99,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn(cmd: list, cwd, extra_env: dict | None = None, session: bool = True) -> subprocess.Popen:
+    """cmd started with text pipes, unbuffered, in a session of its own (a failed test kills its whole
+    process group) unless `session` is False."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, **pipes, start_new_session=session)
+
+
 def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):
     """Runs cmd in its own session: on timeout its whole process group is killed (a hung job leaves
     nothing behind), and the TimeoutExpired carries what it printed."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = spawn(cmd, cwd, extra_env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -250,16 +249,7 @@ def fault_env(tmp_path, fault: str | None = None) -> dict:
 
 def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
     """Starts a run and returns once it has printed its first progress line (training is under way)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = spawn([sys.executable, script, *args], cwd, extra_env)
     for line in proc.stdout:
         if line.startswith("global_step="):
             return proc
@@ -283,16 +273,7 @@ def start_torchrun(tmp_path, extra=(), total: int = 10_000_000):
     """A two-rank Atari job under torchrun, returned once it trains."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
     cmd += [*ATARI_TINY, "--total-timesteps", str(total), *extra]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = spawn(cmd, tmp_path)
     for line in proc.stdout:
         if line.startswith("global_step="):  # rank 0 trains; so does rank 1, in lockstep
             return proc
@@ -378,15 +359,7 @@ if __name__ == "__main__":
 def start_program(tmp_path, *argv) -> subprocess.Popen:
     """PROGRAM as tmp_path/prog.py, started; returns once it waits at iteration 4."""
     (tmp_path / "prog.py").write_text(PROGRAM)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [sys.executable, "prog.py", *argv],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn([sys.executable, "prog.py", *argv], tmp_path, {"PYTHONPATH": str(REPO)}, session=False)
     for line in proc.stdout:
         if line == "ready\n":
             return proc

@@ -97,11 +97,7 @@ def test_as_benchmarked_every_backend_ends_an_episode_at_each_lost_life_and_play
     only after the last life."""
     n, steps = 2, 1500
     acts = fixed_actions(n, steps)
-    envs = {
-        "ours": lambda: ours(n),
-        "ale-py": lambda: peers.ale_vector(n),
-        "EnvPool": lambda: peers.envpool_vector(n),
-    }
+    envs = {"ours": lambda: ours(n), "ale-py": lambda: peers.ale_vector(n), "EnvPool": lambda: peers.envpool_vector(n)}
     envs = envs[backend]()
     obs, infos = envs.reset(seed=0) if backend != "EnvPool" else envs.reset()
     assert obs.shape == (n, 4, 84, 84) and obs.dtype == np.uint8

@@ -37,12 +37,7 @@ def write_files(folder):
     (folder / "tail_cut.pt").write_bytes(whole[: len(whole) * 9 // 10])  # torch says "Invalid argument" there
     torch.save({"script": "ppo_vec.py", "args": {}, "model": Planted()}, folder / "planted.pt")
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
-    state = {
-        "script": "ppo_vec.py",
-        "args": {"num_envs": "x"},
-        "model": {"w": torch.zeros(1)},
-        "iteration": 1,
-    }
+    state = {"script": "ppo_vec.py", "args": {"num_envs": "x"}, "model": {"w": torch.zeros(1)}, "iteration": 1}
     records.save_checkpoint(folder / "edited.pt", state)
     (folder / "zero.pt").symlink_to("/dev/zero")
     return folder
@@ -57,37 +52,13 @@ class Planted:
 
 CASES = [
     (VEC, ["--eval-checkpoint", "notes.txt"], "--eval-checkpoint notes.txt: not a checkpoint (not a file"),
-    (
-        VEC,
-        ["--eval-checkpoint", "ppo_atari_multigpu.pt"],
-        "was written by ppo_atari_multigpu.py; ppo_vec.py reads",
-    ),
-    (
-        ATARI,
-        ["--eval-checkpoint", "ppo_vec.pt"],
-        "was written by ppo_vec.py; ppo_atari_multigpu.py reads only its own",
-    ),
-    (
-        VEC,
-        ["--resume", "notes.txt"],
-        "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)",
-    ),
+    (VEC, ["--eval-checkpoint", "ppo_atari_multigpu.pt"], "was written by ppo_atari_multigpu.py; ppo_vec.py reads"),
+    (ATARI, ["--eval-checkpoint", "ppo_vec.pt"], "was written by ppo_vec.py; ppo_atari_multigpu.py reads only its own"),
+    (VEC, ["--resume", "notes.txt"], "--resume notes.txt: not a checkpoint (not a file that torch.save wrote)"),
     (ATARI, ["--resume", "ppo_vec.pt"], "--resume ppo_vec.pt was written by ppo_vec.py"),
-    (
-        ATARI,
-        ["--resume", "truncated.pt"],
-        "--resume truncated.pt: not a readable checkpoint (it is cut short or",
-    ),
-    (
-        ATARI,
-        ["--resume", "tail_cut.pt"],
-        "--resume tail_cut.pt: not a readable checkpoint (it is cut short or",
-    ),
-    (
-        VEC,
-        ["--eval-checkpoint", "planted.pt"],
-        "not a readable checkpoint (it holds objects no checkpoint of this",
-    ),
+    (ATARI, ["--resume", "truncated.pt"], "--resume truncated.pt: not a readable checkpoint (it is cut short or"),
+    (ATARI, ["--resume", "tail_cut.pt"], "--resume tail_cut.pt: not a readable checkpoint (it is cut short or"),
+    (VEC, ["--eval-checkpoint", "planted.pt"], "not a readable checkpoint (it holds objects no checkpoint of this"),
     (VEC, ["--num-threads", "0"], "--num-threads must be in [1, 1024], got 0"),
     # a segfault before
     (ATARI, ["--num-threads", "100000"], "--num-threads must be in [1, 1024], got 100000"),
@@ -114,48 +85,16 @@ CASES = [
         ["--eval-checkpoint", "ppo_vec.pt"],
         "--eval-checkpoint ppo_vec.pt holds no obs_normalizer: not a whole checkpoint of ppo_vec.py",
     ),
-    (
-        VEC,
-        ["--eval-checkpoint", "ppo_vec.pt", "--env-id", "Acrobot-v1"],
-        "a policy for CartPole-v1, not --env-id",
-    ),
-    (
-        ATARI,
-        ["--capture-video", "True"],
-        "--capture-video is a switch and takes no value (got 'True'): write",
-    ),
+    (VEC, ["--eval-checkpoint", "ppo_vec.pt", "--env-id", "Acrobot-v1"], "a policy for CartPole-v1, not --env-id"),
+    (ATARI, ["--capture-video", "True"], "--capture-video is a switch and takes no value (got 'True'): write"),
     (VEC, ["--norm-reward=false"], "--norm-reward is a switch and takes no value (got 'false')"),
     (VEC, ["--exp-name", "x" * 250], "--exp-name must be at most 200 bytes (it names a folder"),
-    (
-        VEC,
-        ["--env-id", "broken_envs:Thing-v0"],
-        "importing broken_envs failed (RuntimeError: needs a licence file)",
-    ),
-    (
-        VEC,
-        ["--env-id", "CartPol-v1"],
-        "'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1",
-    ),
-    (
-        VEC,
-        ["--env-id", "ALE/Breakout-v5"],
-        "(210, 160, 3), uint8); ppo_vec.py needs ones that flatten to a vector",
-    ),
-    (
-        VEC,
-        ["--env-id", "tests.envs:SequenceObs-v0"],
-        "has observations Sequence(Discrete(3), stack=False); ppo_vec",
-    ),
-    (
-        VEC,
-        ["--env-id", "CartPole-v1", "--norm-obs"],
-        "observations of Box-action envs; --env-id CartPole-v1 has",
-    ),
-    (
-        VEC,
-        ["--env-id", "my_envs:MyEnv-v0"],
-        "it is looked for in {cwd}, in the script's folder and on PYTHONPATH: run",
-    ),
+    (VEC, ["--env-id", "broken_envs:Thing-v0"], "importing broken_envs failed (RuntimeError: needs a licence file)"),
+    (VEC, ["--env-id", "CartPol-v1"], "'CartPol-v1' is not a registered gymnasium env; did you mean CartPole-v1"),
+    (VEC, ["--env-id", "ALE/Breakout-v5"], "(210, 160, 3), uint8); ppo_vec.py needs ones that flatten to a vector"),
+    (VEC, ["--env-id", "tests.envs:SequenceObs-v0"], "has observations Sequence(Discrete(3), stack=False); ppo_vec"),
+    (VEC, ["--env-id", "CartPole-v1", "--norm-obs"], "observations of Box-action envs; --env-id CartPole-v1 has"),
+    (VEC, ["--env-id", "my_envs:MyEnv-v0"], "it is looked for in {cwd}, in the script's folder and on PYTHONPATH: run"),
     (
         VEC,
         ["--env-id", "tests.envs:OldApi-v0"],
@@ -164,21 +103,13 @@ CASES = [
         "reward, terminated, truncated, "
         "info)",
     ),
-    (
-        ATARI,
-        ["--env-id", "CartPole-v1"],
-        "--env-id 'CartPole-v1' is not an Atari id (try BreakoutNoFrameskip-v4)",
-    ),
+    (ATARI, ["--env-id", "CartPole-v1"], "--env-id 'CartPole-v1' is not an Atari id (try BreakoutNoFrameskip-v4)"),
     (VEC, ["--step-timeout", "inf"], "--step-timeout must be a finite number, got inf"),
     (ATARI, ["--step-timeout", "1e300"], "--step-timeout must be in (0, 604800] seconds"),
     (VEC, ["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
     (VEC, ["--ent-coef", "nan"], "--ent-coef must be a finite number, got nan"),
     (ATARI, ["--learning-rate", "-inf"], "--learning-rate must be a finite number, got -inf"),
-    (
-        VEC,
-        ["--exp-name", "../elsewhere"],
-        "--exp-name must be a plain name (no '/', not '.' or '..'), got ../else",
-    ),
+    (VEC, ["--exp-name", "../elsewhere"], "--exp-name must be a plain name (no '/', not '.' or '..'), got ../else"),
     (ATARI, ["--exp-name", ".."], "--exp-name must be a plain name"),
     (
         VEC,
@@ -196,17 +127,9 @@ CASES = [
     (VEC, ["--resume", ""], "--resume needs a checkpoint file (runs/<run>/checkpoint.pt), got ''"),
     (VEC, ["--resume", "."], "--resume .: a folder: give the checkpoint.pt in it"),
     (ATARI, ["--eval-checkpoint", "zero.pt"], "--eval-checkpoint zero.pt: not a regular file"),
-    (
-        VEC,
-        ["--resume", "edited.pt"],
-        "--resume edited.pt holds flags no run of ppo_vec.py has (num_envs 'x')",
-    ),
+    (VEC, ["--resume", "edited.pt"], "--resume edited.pt holds flags no run of ppo_vec.py has (num_envs 'x')"),
     *[(script, ["--clip-coef", "1e300"], "--clip-coef must be in (0, 10] (the ratio") for script in (VEC, ATARI)],
-    (
-        VEC,
-        ["--vf-coef", "1e30"],
-        "--vf-coef must be in [0, 1e6] (a float32 loss times it must stay a number)",
-    ),
+    (VEC, ["--vf-coef", "1e30"], "--vf-coef must be in [0, 1e6] (a float32 loss times it must stay a number)"),
     (ATARI, ["--learning-rate", "2"], "--learning-rate must be in (0, 1] (Adam moves each weight by about"),
     (
         VEC,

@@ -87,13 +87,7 @@ def start(run: Run, **state) -> None:
 def test_checkpoint_round_trip(tmp_path):
     path = tmp_path / "checkpoint.pt"
     rng = [np.random.default_rng(3).bit_generator.state]
-    state = {
-        "script": "s.py",
-        "args": {},
-        "model": {"w": torch.arange(4.0)},
-        "rng": rng,
-        "env_states": [b"\0envs"],
-    }
+    state = {"script": "s.py", "args": {}, "model": {"w": torch.arange(4.0)}, "rng": rng, "env_states": [b"\0envs"]}
     records.save_checkpoint(path, state)
     loaded = records.load_checkpoint(str(path), "--resume", "s.py")
     torch.testing.assert_close(loaded["model"]["w"], torch.arange(4.0))
@@ -237,15 +231,7 @@ def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
         learning_rate=1e-3, gamma=0.95, checkpoint_interval=2, resume=path
     )
     changed = run_of(
-        monkeypatch,
-        "--resume",
-        path,
-        "--total-timesteps",
-        "5000",
-        "--checkpoint-interval",
-        "0",
-        "--gamma",
-        "0.95",
+        monkeypatch, "--resume", path, "--total-timesteps", "5000", "--checkpoint-interval", "0", "--gamma", "0.95"
     ).args
     assert (changed.total_timesteps, changed.checkpoint_interval, changed.gamma) == (5000, 0, 0.95)
     with pytest.raises(FlagError) as info:
@@ -294,11 +280,7 @@ def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_d
             with torch.no_grad():
                 model.weight.add_(1.0)
             rng.random()
-        after_2, state_2, torch_2 = (
-            model.weight.detach().clone(),
-            rng.bit_generator.state,
-            torch.get_rng_state(),
-        )
+        after_2, state_2, torch_2 = (model.weight.detach().clone(), rng.bit_generator.state, torch.get_rng_state())
         with torch.no_grad():
             model.weight.add_(1.0)  # iteration 3's update, under way
         rng.random(), torch.rand(3)  # (torch's own generator, as dropout draws from it: kept without asking)
@@ -353,10 +335,7 @@ def test_the_summary_names_the_checkpoint_on_disk(tmp_path, monkeypatch):
     write_checkpoint(tmp_path / "run" / "checkpoint.pt", iteration=8, global_step=256)
     old = write_checkpoint(tmp_path / "run" / "old.pt", iteration=2, global_step=64)
     state = {"model": torch.nn.Linear(2, 1), "rng": np.random.default_rng()}
-    with (
-        pytest.raises(Stopped),
-        run_of(monkeypatch, "--resume", old).start(torch.device("cpu"), 10, 32, state),
-    ):
+    with pytest.raises(Stopped), run_of(monkeypatch, "--resume", old).start(torch.device("cpu"), 10, 32, state):
         raise Stopped(signal.SIGINT)  # as a safe point raises it, before the first boundary
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "stopped by SIGINT" and summary["checkpoint_iteration"] == 8

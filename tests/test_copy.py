@@ -15,16 +15,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import (
-    ATARI_TINY,
-    REPO,
-    VEC_TINY,
-    only_run_dir,
-    run_command,
-    run_script,
-    start_training,
-    stop,
-)
+from tests.helpers import ATARI_TINY, REPO, VEC_TINY, only_run_dir, run_command, run_script, start_training, stop
 
 pytestmark = pytest.mark.e2e
 

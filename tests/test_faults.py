@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -29,6 +28,7 @@ from tests.helpers import (
     rank_pid,
     read_scalars,
     run_script,
+    spawn,
     start_torchrun,
     start_training,
     stop,
@@ -131,26 +131,8 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
 
 
 def test_sigterm_while_the_envs_are_built_exits_143_quietly(tmp_path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **fault_env(tmp_path))
-    cmd = [
-        sys.executable,
-        str(VEC),
-        "--env-id",
-        "tests.envs:SlowToBuild-v0",
-        *VEC_TINY,
-        "--total-timesteps",
-        "256",
-    ]
-    cmd += ["--num-workers", "2"]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    cmd = [sys.executable, VEC, "--env-id", "tests.envs:SlowToBuild-v0", *VEC_TINY, "--total-timesteps", "256"]
+    proc = spawn([*cmd, "--num-workers", "2"], tmp_path, fault_env(tmp_path))
     family = set()
     deadline = time.monotonic() + 60
     # the probe in the trainer, then the workers, record their pids as they build

@@ -69,17 +69,7 @@ def test_a_crafted_checkpoint_runs_nothing_on_resume_or_evaluation(tmp_path, scr
 
 def test_a_sweep_rerun_over_a_crafted_checkpoint_runs_nothing(tmp_path):
     """Sweeps resume what they find in runs/: a shared runs folder is enough to plant a checkpoint."""
-    flags = [
-        "--env-ids",
-        "CartPole-v1",
-        "--seeds",
-        "1",
-        "--",
-        *VEC_TINY,
-        "--num-workers",
-        "0",
-        "--no-anneal-lr",
-    ]
+    flags = ["--env-ids", "CartPole-v1", "--seeds", "1", "--", *VEC_TINY, "--num-workers", "0", "--no-anneal-lr"]
     sweep = [sys.executable, "-m", "common.sweep", str(VEC), *flags, "--total-timesteps"]
     out = run_command([*sweep, "128"], tmp_path, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stdout + out.stderr

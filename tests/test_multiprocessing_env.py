@@ -66,11 +66,7 @@ def run_both(env_fns, steps, seed=0, action_fn=None, **kwargs):
 
 # The layouts: every env in this process; one env per worker; workers of 3 envs (7 envs: the last
 # worker holds 1)
-LAYOUTS = {
-    "in-process": {"num_workers": 0},
-    "1/worker": {"num_workers": 7},
-    "3/worker": {"num_workers": 3},
-}
+LAYOUTS = {"in-process": {"num_workers": 0}, "1/worker": {"num_workers": 7}, "3/worker": {"num_workers": 3}}
 LAYOUT_CASES = [("forkserver", "in-process")] + [(c, layout) for c in CONTEXTS for layout in ("1/worker", "3/worker")]
 
 
@@ -141,12 +137,7 @@ def test_dict_tuple_and_text_observations(env_cls, shared_memory, layout):
 @pytest.mark.parametrize("layout", ["in-process", "3/worker"])
 def test_box_actions_and_float64_actions_match(layout):
     env_fns = [lambda: gym.make("Pendulum-v1") for _ in range(3)]
-    run_both(
-        env_fns,
-        250,
-        action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32),
-        **LAYOUTS[layout],
-    )
+    run_both(env_fns, 250, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)).astype(np.float32), **LAYOUTS[layout])
     # float64: pickled
     run_both(env_fns, 50, action_fn=lambda rng, t: rng.uniform(-2, 2, (3, 1)), **LAYOUTS[layout])
 
@@ -238,12 +229,7 @@ def test_out_of_order_calls_and_bad_actions(layout):
     assert obs[:, 0].tolist() == [0, 0, 0] and infos["resets"].tolist() == [2, 2, 2]
     envs.close()
     envs.close()  # idempotent
-    for call in (
-        lambda: envs.step(np.zeros(3, np.int64)),
-        envs.reset,
-        envs.step_wait,
-        lambda: envs.get_attr("t"),
-    ):
+    for call in (lambda: envs.step(np.zeros(3, np.int64)), envs.reset, envs.step_wait, lambda: envs.get_attr("t")):
         with pytest.raises(ClosedEnvironmentError):
             call()
 
@@ -253,11 +239,7 @@ def test_reset_mask_errors_match_gymnasium(layout):
     with SubprocVecEnv([make_counter] * 3, **LAYOUTS[layout]) as envs:
         envs.reset(seed=0)
         for mask, error, message in [
-            (
-                [True, False, True],
-                TypeError,
-                "`options['reset_mask']` must be a numpy array, got <class 'list'>",
-            ),
+            ([True, False, True], TypeError, "`options['reset_mask']` must be a numpy array, got <class 'list'>"),
             (np.array([1, 0, 1]), TypeError, "`options['reset_mask']` must have `dtype=np.bool_`, got int64"),
             (np.array([True]), ValueError, "`options['reset_mask']` must have shape `(3,)`, got (1,)"),
             (np.zeros(3, bool), ValueError, "`options['reset_mask']` must select at least one env"),
@@ -301,14 +283,8 @@ def test_bad_arguments():
         ({"step_timeout": float("inf")}, "step_timeout must be a finite number of seconds > 0, got inf"),
         ({"max_wait": 0}, "max_wait must be a finite number"),
         ({"max_restarts": -1}, "max_restarts must be >= 0"),
-        (
-            {"num_workers": 0, "step_timeout": 1.0},
-            "num_workers 0 steps the envs in this process, where a step can be",
-        ),
-        (
-            {"num_workers": 0, "max_restarts": 1},
-            "num_workers 0 steps the envs in this process, where a step can be",
-        ),
+        ({"num_workers": 0, "step_timeout": 1.0}, "num_workers 0 steps the envs in this process, where a step can be"),
+        ({"num_workers": 0, "max_restarts": 1}, "num_workers 0 steps the envs in this process, where a step can be"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             SubprocVecEnv([make_counter], **kwargs)
@@ -359,17 +335,7 @@ def test_infos_merge_as_gymnasiums_vector_env_merges_them():
         _add_info = SubprocVecEnv._add_info
 
     rng = np.random.default_rng(0)
-    kinds = [
-        int,
-        float,
-        bool,
-        np.float32,
-        np.int64,
-        lambda v: np.full(3, v),
-        str,
-        lambda v: None,
-        lambda v: (v, 2),
-    ]
+    kinds = [int, float, bool, np.float32, np.int64, lambda v: np.full(3, v), str, lambda v: None, lambda v: (v, 2)]
     for _ in range(50):
         theirs, ours = {}, {}
         # a key's kind is the same in every env, as in gymnasium
@@ -380,10 +346,7 @@ def test_infos_merge_as_gymnasiums_vector_env_merges_them():
                 info["episode"] = {"r": float(rng.random()), "l": int(rng.integers(9))}
             if rng.random() < 0.3:
                 info = {"final_obs": np.full(2, env), "final_info": dict(info)}
-            theirs, ours = (
-                Gymnasium()._add_info(theirs, info, int(env)),
-                Ours()._add_info(ours, info, int(env)),
-            )
+            theirs, ours = (Gymnasium()._add_info(theirs, info, int(env)), Ours()._add_info(ours, info, int(env)))
         assert_same(ours, theirs, "infos")
         assert list(ours) == list(theirs)
 
@@ -455,8 +418,7 @@ def test_factory_error_names_env_and_traceback(index, no_orphans):
 
 
 @pytest.mark.parametrize(
-    ("fault", "expected"),
-    [("raise", "ValueError: boom at step 3"), ("odd", "OddError: (7, 'needs two arguments')")],
+    ("fault", "expected"), [("raise", "ValueError: boom at step 3"), ("odd", "OddError: (7, 'needs two arguments')")]
 )
 @pytest.mark.parametrize("context", ["forkserver", "fork"])
 def test_step_exception_reaches_caller(fault, expected, context, no_orphans):
@@ -607,12 +569,7 @@ def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
     assert obs[:, 0].tolist() == [3, 3, 0, 0]  # the healthy worker stepped; the rebuilt envs start afresh
     assert infos["_final_obs"].tolist() == [False, False, True, True]
     np.testing.assert_array_equal(infos["final_obs"][3], last_obs[3])
-    assert infos["final_info"]["worker_restart"][2:].all() and infos["_worker_restart"].tolist() == [
-        0,
-        0,
-        1,
-        1,
-    ]
+    assert infos["final_info"]["worker_restart"][2:].all() and infos["_worker_restart"].tolist() == [0, 0, 1, 1]
     for _ in range(2):
         envs.step(np.zeros(4, np.int64))
     with pytest.raises(WorkerError, match="env 3|worker 1"):  # the rebuilt env fails again: budget spent
@@ -677,10 +634,7 @@ def test_a_dead_worker_is_seen_though_a_helper_holds_its_pipe(helper, bounded, n
     """The env started a helper process, then the worker dies: seen from the process at once (the
     pipe stays open while the forked helper holds it), restarted within the budget, and the helpers
     end with their workers."""
-    env_fns = [
-        functools.partial(HelperEnv, "sigkill", 2, helper),
-        functools.partial(HelperEnv, helper=helper),
-    ]
+    env_fns = [functools.partial(HelperEnv, "sigkill", 2, helper), functools.partial(HelperEnv, helper=helper)]
     envs = SubprocVecEnv(env_fns, num_workers=2, step_timeout=10, max_restarts=1)
     envs.reset(seed=0)
     helpers = list(envs.get_attr("helper_pid"))

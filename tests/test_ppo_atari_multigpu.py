@@ -36,14 +36,7 @@ import ppo_vec  # noqa: E402
 
 
 def torchrun(args, cwd, nproc=2, timeout=300):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        str(ATARI),
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ATARI)]
     return run_command([*cmd, *map(str, args)], cwd, timeout)
 
 

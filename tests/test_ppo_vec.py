@@ -42,12 +42,7 @@ def test_compute_gae_by_hand():
     advantages = ppo_vec.compute_gae(rewards, values, ends, next_value, gamma, lam)
     # By hand, backwards. Env 0: deltas 4.7, 3.3, 1.0 (no future after the termination), 1.4.
     # Env 1: deltas 1.8, -0.1, 4.5 (= 1 + 0.9 * 5 - 1: the truncated step keeps its future), -0.1.
-    expected = [
-        [1.4 + 0.72 * 1.0, -0.1 + 0.72 * 4.5],
-        [1.0, 4.5],
-        [3.3 + 0.72 * 4.7, -0.1 + 0.72 * 1.8],
-        [4.7, 1.8],
-    ]
+    expected = [[1.4 + 0.72 * 1.0, -0.1 + 0.72 * 4.5], [1.0, 4.5], [3.3 + 0.72 * 4.7, -0.1 + 0.72 * 1.8], [4.7, 1.8]]
     np.testing.assert_allclose(advantages, expected, rtol=1e-6)
     # Treating the truncation as a termination would have dropped the future: advantage 0 at env 1, step 1.
     rewards[1, 1] = 1.0
@@ -232,16 +227,7 @@ def test_reward_scaler_gives_gymnasium_normalize_reward_numbers_per_env():
 # --no-norm-obs: -m long (CartPole's runs go without)
 @pytest.mark.parametrize("norm_obs", [True, *LONG(False)])
 def test_pendulum_tiny_run_saves_and_evaluates(tmp_path, norm_obs):
-    args = [
-        *VEC_TINY,
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "256",
-        "--save-model",
-        "--eval-episodes",
-        "2",
-    ]
+    args = [*VEC_TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
     args += ["--num-workers", "0"]  # the layout plays no part
     out = run_script(VEC, [*args, "--norm-obs" if norm_obs else "--no-norm-obs"], tmp_path)
     assert out.returncode == 0, out.stderr
@@ -266,9 +252,7 @@ def test_evaluation_uses_the_saved_observation_statistics(tmp_path, monkeypatch)
     """A policy that acts on its (normalized) observation gets different returns once the
     statistics change."""
     out = run_script(
-        VEC,
-        [*VEC_TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--checkpoint-interval", "1"],
-        tmp_path,
+        VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--total-timesteps", "256", "--checkpoint-interval", "1"], tmp_path
     )
     assert out.returncode == 0, out.stderr
     path = only_run_dir(tmp_path) / "checkpoint.pt"
@@ -307,25 +291,9 @@ def test_same_seed_same_parameters_and_returns(tmp_path):
 @pytest.mark.e2e
 def test_truncation_is_bootstrapped_not_terminated(tmp_path):
     """Reward 1 per step, episodes only ever cut at 5 steps: V must approach 1 / (1 - gamma) = 20, not ~3."""
-    args = [
-        "--env-id",
-        "tests.envs:ConstantReward-v0",
-        "--gamma",
-        "0.95",
-        "--learning-rate",
-        "3e-3",
-        "--no-clip-vloss",
-    ]
+    args = ["--env-id", "tests.envs:ConstantReward-v0", "--gamma", "0.95", "--learning-rate", "3e-3", "--no-clip-vloss"]
     args += ["--no-norm-reward"]  # V in raw reward units
-    args += [
-        *VEC_TINY,
-        "--total-timesteps",
-        "12800",
-        "--save-model",
-        "--eval-episodes",
-        "0",
-        "--no-anneal-lr",
-    ]
+    args += [*VEC_TINY, "--total-timesteps", "12800", "--save-model", "--eval-episodes", "0", "--no-anneal-lr"]
     args += ["--num-workers", "0"]  # the layout plays no part
     out = run_script(VEC, args, tmp_path, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr

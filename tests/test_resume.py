@@ -85,14 +85,7 @@ def test_ctrl_c_to_a_two_rank_job_saves_and_resumes_into_the_run_of_its_seed(tmp
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):
         cwd.mkdir()
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ATARI),
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ATARI)]
     out = run_command([*torchrun, *args], full, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     proc = start_torchrun(stopped, extra, total=640)

@@ -45,11 +45,7 @@ class Flags:
         ({"seed": -1}, [], "--seed must be in [0, 2**32), got -1"),
         ({"exp_name": "a/b"}, [], "--exp-name must be a plain name (no '/', not '.' or '..'), got a/b"),
         ({"exp_name": ".."}, [], "--exp-name must be a plain name"),
-        (
-            {"exp_name": "x" * 250},
-            [],
-            "--exp-name must be at most 200 bytes (it names a folder with the env id",
-        ),
+        ({"exp_name": "x" * 250}, [], "--exp-name must be at most 200 bytes (it names a folder with the env id"),
         ({"num_envs": 0}, [("num_envs", False, ">= 1")], "--num-envs must be >= 1, got 0"),
     ],
 )

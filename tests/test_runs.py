@@ -30,6 +30,7 @@ from tests.helpers import (
     read_scalars,
     run_command,
     run_script,
+    spawn,
     start_training,
 )
 
@@ -106,12 +107,7 @@ def test_flags_are_read_as_the_script_would_read_them():
 def test_a_sweep_reuses_a_run_only_if_it_was_asked_for_the_same_flags(tmp_path):
     runs_dir = tmp_path / "runs"
     run = runs.Run(
-        "s.py",
-        "CartPole-v1",
-        1,
-        "exp",
-        ["--total-timesteps", "500", "--learning-rate", "1e-3"],
-        str(tmp_path),
+        "s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "500", "--learning-rate", "1e-3"], str(tmp_path)
     )
     assert run.command()[1] == "start"
     write_folder(runs_dir, "CartPole-v1__exp__1__1", given=["total_timesteps"], total_timesteps=500_000)
@@ -199,12 +195,7 @@ def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reuse
     saved = records.read_json(old / "args.json")
     records.write_json(old / "args.json", {k: v for k, v in saved.items() if k not in ("defaults", "given")})
     run = runs.Run(
-        "s.py",
-        "CartPole-v1",
-        1,
-        "exp",
-        ["--total-timesteps", "1280", "--learning-rate", "0.001"],
-        str(tmp_path),
+        "s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "1280", "--learning-rate", "0.001"], str(tmp_path)
     )
     assert run.folder() is None
     assert run.command()[1] == (
@@ -243,11 +234,7 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
     trained = write_folder(runs_dir, "CartPole-v1__exp__1__2", given=["total_timesteps"], total_timesteps=1000)
     (trained / "checkpoint.pt").unlink()
     (trained / "events.out.tfevents.2").write_bytes(b"")
-    for summary in (
-        {"status": "failed", "global_step": 300},
-        {"status": "failed", "global_step": "300"},
-        None,
-    ):
+    for summary in ({"status": "failed", "global_step": 300}, {"status": "failed", "global_step": "300"}, None):
         # a bug ended it; a summary edited by hand; a SIGKILL
         (trained / "summary.json").unlink(missing_ok=True)
         if summary is not None:
@@ -402,14 +389,7 @@ def test_the_printed_resume_command_continues_the_run_it_names(tmp_path):
         "--checkpoint-interval",
         "2",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, str(VEC), *flags],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
+    proc = spawn([sys.executable, VEC, *flags], tmp_path, session=False)
     for line in proc.stdout:
         if line.startswith("global_step="):
             break
@@ -457,29 +437,10 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     """While a run trains, resuming it elsewhere is refused in one line naming its process; a sweep
     killed with SIGKILL takes its runs with it (they stop, and save), and the same sweep run again
     at once waits for them to end, then resumes them to their end."""
-    flags = [
-        "--seeds",
-        "1",
-        "2",
-        "--jobs",
-        "2",
-        "--",
-        *TINY,
-        "--total-timesteps",
-        "6400",
-        "--checkpoint-interval",
-        "1",
-    ]
+    flags = ["--seeds", "1", "2", "--jobs", "2", "--", *TINY, "--total-timesteps", "6400", "--checkpoint-interval", "1"]
     slow = "tests.envs:SlowStep-v0"  # 2 ms a step, asleep: a run takes 15 s, on a busy machine or a quiet one
     cmd = [sys.executable, "-m", "common.sweep", str(VEC), "--env-ids", slow, *flags]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = spawn(cmd, tmp_path, {"PYTHONPATH": str(REPO)}, session=False)
     deadline = time.monotonic() + 90
     while len(list((tmp_path / "runs").glob("*/checkpoint.pt"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # both runs train, and have saved a checkpoint

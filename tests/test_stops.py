@@ -76,10 +76,7 @@ def test_the_forkserver_and_the_workers_leave_stopping_to_the_trainer():
     started leave them all running, and a worker that dies afterwards is still restarted (through
     the forkserver)."""
     envs = SubprocVecEnv(
-        [functools.partial(FaultyEnv, "sigkill", 3), FaultyEnv],
-        num_workers=2,
-        max_restarts=1,
-        context="forkserver",
+        [functools.partial(FaultyEnv, "sigkill", 3), FaultyEnv], num_workers=2, max_restarts=1, context="forkserver"
     )
     envs.reset(seed=0)
     helpers = descendants()

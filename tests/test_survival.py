@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.helpers import (
     rank_pid,
     run_command,
     run_script,
+    spawn,
     start_torchrun,
     start_training,
     stop,
@@ -102,15 +102,8 @@ def test_a_stop_during_a_periodic_save_saves_that_iteration_once(tmp_path):
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(SLOW_SAVE)
     (tmp_path / "stopped").mkdir()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(tmp_path / "hooks"))
-    proc = subprocess.Popen(
-        [sys.executable, str(VEC), *map(str, args)],
-        cwd=tmp_path / "stopped",
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    hooks = {"PYTHONPATH": str(tmp_path / "hooks")}
+    proc = spawn([sys.executable, VEC, *args], tmp_path / "stopped", hooks, session=False)
     assert proc.stderr.readline() == "saving\n"
     threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
     # the newest thread: not the main one, if there are others
@@ -274,29 +267,10 @@ def test_a_rank_whose_peer_vanished_says_so_in_one_line_and_saves(tmp_path):
     that rank 1 was killed from its next collective, and says so in one line, saves the last
     boundary and exits 1."""
     port = free_port()
-    ranks = []
+    ranks, cmd = [], [sys.executable, ATARI, *ATARI_TINY, "--total-timesteps", "10000000"]
     for rank in (0, 1):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            PYTHONUNBUFFERED="1",
-        )
-        ranks.append(
-            subprocess.Popen(
-                [sys.executable, str(ATARI), *ATARI_TINY, "--total-timesteps", "10000000"],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
+        world = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        ranks.append(spawn(cmd, tmp_path, {"RANK": str(rank), "LOCAL_RANK": str(rank), **world}))
     try:
         next(line for line in ranks[0].stdout if line.startswith("global_step="))
         ranks[1].kill()

@@ -83,10 +83,7 @@ def test_seeds_are_read_as_written():
         (["--timeout-min", "0"], "--timeout-min must be >= 1, got 0"),
         (["--cpus-per-task", "0"], "--cpus-per-task must be >= 1, got 0"),
         (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
-        (
-            ["--seeds", "0-4294967295"],
-            "--seeds 0-4294967295 asks for over 10000 seeds: a sweep takes at most",
-        ),
+        (["--seeds", "0-4294967295"], "--seeds 0-4294967295 asks for over 10000 seeds: a sweep takes at most"),
     ],
 )
 def test_a_bad_sweep_flag_is_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, says):
@@ -156,13 +153,7 @@ def test_the_slurm_form_asks_submitit_for_what_the_flags_say(tmp_path, monkeypat
     )
     executor = runs.submitit_executor(args)
     script = executor._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
-    for line in [
-        "--partition=gpu",
-        "--time=240",
-        "--cpus-per-task=4",
-        "--gpus-per-node=1",
-        "--signal=USR2@90",
-    ]:
+    for line in ["--partition=gpu", "--time=240", "--cpus-per-task=4", "--gpus-per-node=1", "--signal=USR2@90"]:
         assert f"#SBATCH {line}\n" in script
     assert executor._executor.parameters["array_parallelism"] == 8
 
@@ -196,13 +187,7 @@ def test_a_sweep_says_what_to_install_before_any_run(tmp_path, monkeypatch, caps
 @pytest.mark.e2e
 def test_the_folder_form_sends_submitit_jobs_from_another_folder(tmp_path):
     """python path/to/common/sweep, from a folder that does not hold common/: the jobs import it."""
-    cmd = [
-        sys.executable,
-        str(REPO / "common" / "sweep"),
-        str(REPO / "ppo_vec.py"),
-        "--env-ids",
-        "CartPole-v1",
-    ]
+    cmd = [sys.executable, str(REPO / "common" / "sweep"), str(REPO / "ppo_vec.py"), "--env-ids", "CartPole-v1"]
     cmd += ["--executor", "submitit-local", "--", *TINY, "--total-timesteps", "128"]
     out = run_command(cmd, tmp_path, extra_env={"PYTHONPATH": ""})
     assert out.returncode == 0 and "CartPole-v1 seed 1: start, exit 0, status done" in out.stdout, out.stdout

@@ -118,8 +118,7 @@ def test_an_env_whose_step_takes_an_hour_lets_the_constructor_return(tmp_path, t
 
 
 @pytest.mark.parametrize(
-    ("fault", "message"),
-    [("raise", "env 1 raised ValueError: boom at step 3"), ("sigkill", "was killed by SIGKILL")],
+    ("fault", "message"), [("raise", "env 1 raised ValueError: boom at step 3"), ("sigkill", "was killed by SIGKILL")]
 )
 def test_an_env_that_fails_steps_in_a_worker_and_fails_there(fault, message):
     env_fns = [FaultyEnv, functools.partial(FaultyEnv, fault, 3)]
@@ -182,8 +181,7 @@ GUARDED = "def main():\n    " + UNGUARDED.replace("\n", "\n    ") + "\n\nif __na
 
 
 @pytest.mark.parametrize(
-    ("body", "context", "ok"),
-    [(UNGUARDED, "", False), (GUARDED, "", True), (UNGUARDED, ", context='fork'", True)],
+    ("body", "context", "ok"), [(UNGUARDED, "", False), (GUARDED, "", True), (UNGUARDED, ", context='fork'", True)]
 )
 def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path, body, context, ok):
     """Workers started by forkserver or spawn import the main script again: top-level code that
@@ -250,11 +248,7 @@ def test_the_same_envs_get_the_same_layout_on_a_loaded_machine(tmp_path):
         for case in ("cartpole", "sleeper"):
             runs = [
                 subprocess.run(
-                    [sys.executable, "placement.py", case],
-                    cwd=tmp_path,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
+                    [sys.executable, "placement.py", case], cwd=tmp_path, capture_output=True, text=True, timeout=120
                 )
                 for _ in range(8)
             ]

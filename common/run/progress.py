@@ -1,4 +1,4 @@
-"""What a run says as it goes: the progress line, the figures of its summary, and the TensorBoard
+"""What a run says as it goes: the progress line, the numbers of its summary, and the TensorBoard
 writer its numbers go to (mirrored to wandb with --track; ranks other than 0 write nothing)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 class Progress:
     """SPS, the progress line (at most every `every` seconds, and for the first and last
-    iterations), and the figures of a summary over every segment of a resumed run (`earlier`: its
+    iterations), and the numbers of a summary over every segment of a resumed run (`earlier`: its
     summary.json)."""
 
-    def __init__(self, last_step: int, first_step: int, speaks: bool, recent: list, earlier: dict, every=2.0):
+    def __init__(self, last_step: int, first_step: int, prints: bool, recent: list, earlier: dict, every=2.0):
         self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
-        self.speaks, self.every, self.logged = speaks, every, False
+        self.prints, self.every, self.logged = prints, every, False
         self.recent_returns = collections.deque(recent, maxlen=20)
         self.start = self.last_print = time.time()
         # (a summary edited by hand)
@@ -55,11 +55,11 @@ class Progress:
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
         due = not self.logged or time.time() - self.last_print >= self.every or global_step >= self.last_step
         self.logged = True
-        if self.speaks and due:
+        if self.prints and due:
             self.last_print = time.time()
             print(self.line(global_step, timings), flush=True)
 
-    def figures(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         seconds = self.earlier_seconds + time.time() - self.start
         # the steps of that time
         done = self.global_step - (0 if self.earlier_seconds else self.first_step)

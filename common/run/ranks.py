@@ -56,10 +56,7 @@ class RankedRun(Run):
         model = next(obj for obj in self.state.values() if isinstance(obj, torch.nn.Module))
         checksums = self._gather(sum(p.detach().double().sum().item() for p in model.parameters()))
         if self.is_main and self.distributed:
-            print(
-                f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}",
-                flush=True,
-            )
+            print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}", flush=True)
 
     def stop_if_asked(self) -> None:
         """Stopped if any rank was asked to stop: every rank calls it at the same points, so every

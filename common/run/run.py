@@ -73,11 +73,11 @@ class Run:
         checkpoint = records.load_checkpoint(path, where.split()[0], self.script)
         names = [f.name for f in dataclasses.fields(args)]
         # (flags dropped since: gone)
-        found = {k: v for k, v in checkpoint["args"].items() if k in names}
-        if wrong := flags.misfits(type(args), found):
-            listed = ", ".join(f"{name} {found[name]!r}" for name in wrong)
+        saved_flags = {k: v for k, v in checkpoint["args"].items() if k in names}
+        if wrong := flags.misfits(type(args), saved_flags):
+            listed = ", ".join(f"{name} {saved_flags[name]!r}" for name in wrong)
             raise FlagError(f"{where} holds flags no run of {self.script} has ({listed}): a file edited since")
-        saved = type(args)(**found)
+        saved = type(args)(**saved_flags)
         given = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}
         module = saved.env_id.rpartition(":")[0]
         if module and "env_id" not in given:  # a checkpoint never chooses what is imported
@@ -379,7 +379,7 @@ class Run:
 
     def _summarize(self, status: str) -> dict[str, Any]:
         on_disk = (self.dir / "checkpoint.pt").exists()
-        summary = {"script": self.script, "status": status, **self.progress.figures()}
+        summary = {"script": self.script, "status": status, **self.progress.summary()}
         summary["checkpoint"] = str(self.dir / "checkpoint.pt") if on_disk else None
         summary["checkpoint_iteration"] = self.on_disk if on_disk else None
         summary["layout"] = self.envs.layout if self.envs is not None else None

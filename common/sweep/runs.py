@@ -135,10 +135,7 @@ class Run:
             return cmd, f"start (its earlier start, {folder.name}, trained nothing: removed)"
         if not (folder / "checkpoint.pt").exists():
             return cmd, "start (a new run: its earlier start logged but saved nothing)"
-        summary, saved = (
-            records.read_json(folder / "summary.json") or {},
-            records.read_args(folder / "args.json"),
-        )
+        summary, saved = (records.read_json(folder / "summary.json") or {}, records.read_args(folder / "args.json"))
         total, reached = self.asked(saved).get("total_timesteps"), number(summary.get("global_step"))
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
@@ -190,10 +187,7 @@ def asked_of(saved: dict[str, Any]) -> dict[str, Any]:
     """What a run was asked for, from its args.json: the script's defaults and the flags its
     command line gave (a flag's effect, such as norm_obs off for Discrete actions, is not what
     was asked)."""
-    return {
-        **saved.get("defaults", {}),
-        **{name: saved[name] for name in saved.get("given", []) if name in saved},
-    }
+    return {**saved.get("defaults", {}), **{name: saved[name] for name in saved.get("given", []) if name in saved}}
 
 
 def parse_flags(words: list[str], like: dict[str, Any]) -> dict[str, Any]:

@@ -42,10 +42,10 @@ class Unsaveable(Exception):
 
 def chain(env: gym.Env) -> list[gym.Env]:
     """The env and every wrapper around it, outermost first."""
-    found = [env]
-    while isinstance(found[-1], gym.Wrapper):
-        found.append(found[-1].env)
-    return found
+    envs = [env]
+    while isinstance(envs[-1], gym.Wrapper):
+        envs.append(envs[-1].env)
+    return envs
 
 
 def take(env: gym.Env) -> dict | None:
@@ -55,10 +55,7 @@ def take(env: gym.Env) -> dict | None:
         return None
     seen: dict[int, tuple] = {}
     try:
-        return {
-            "classes": [type(e).__qualname__ for e in layers],
-            "layers": [_fields(e, seen) for e in layers],
-        }
+        return {"classes": [type(e).__qualname__ for e in layers], "layers": [_fields(e, seen) for e in layers]}
     except Unsaveable:
         return None
 
@@ -124,8 +121,8 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     if kind == "bytes":
         return b""
     if kind == "same":
-        found = seen[rest[0]]
-        return KEEP if isinstance(found, _InPlace) else found
+        earlier = seen[rest[0]]
+        return KEEP if isinstance(earlier, _InPlace) else earlier
     index = len(seen)
     seen.append(None)
     if kind in ("array", "scalar"):

@@ -90,13 +90,7 @@ class WorkerPool:
     helpers their envs started."""
 
     def __init__(
-        self,
-        env_fns: list,
-        slices: list[slice],
-        context: str,
-        spin: float,
-        close_timeout: float,
-        interrupt=None,
+        self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float, interrupt=None
     ):
         self.slices, self.spin, self.interrupt = slices, spin, interrupt
         # (also to rebuild a worker)

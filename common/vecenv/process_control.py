@@ -20,16 +20,7 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # Loaded once in the forkserver when the trainer has them: workers fork with them instead of
 # importing them anew (CPython's forkserver never preloads the main script by itself, and a script
 # importing torch cost seconds a worker)
-FORKSERVER_PRELOAD = (
-    "torch",
-    "torch.utils.tensorboard",
-    "tyro",
-    "gymnasium",
-    "ale_py",
-    "cv2",
-    "numpy",
-    "cloudpickle",
-)
+FORKSERVER_PRELOAD = ("torch", "torch.utils.tensorboard", "tyro", "gymnasium", "ale_py", "cv2", "numpy", "cloudpickle")
 
 
 def default_context() -> str:

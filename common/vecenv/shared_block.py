@@ -19,15 +19,8 @@ ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)
 def block_fields(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memory: bool) -> tuple[list, bool, bool]:
     """The block's arrays for n envs, (name, shape, dtype) each, and whether observations and
     actions live there."""
-    fields = [
-        ("rewards", (n,), np.float64),
-        ("terminations", (n,), np.bool_),
-        ("truncations", (n,), np.bool_),
-    ]
-    actions_in, obs_in = (
-        isinstance(act_space, ARRAY_SPACES),
-        shared_memory and isinstance(obs_space, ARRAY_SPACES),
-    )
+    fields = [("rewards", (n,), np.float64), ("terminations", (n,), np.bool_), ("truncations", (n,), np.bool_)]
+    actions_in, obs_in = (isinstance(act_space, ARRAY_SPACES), shared_memory and isinstance(obs_space, ARRAY_SPACES))
     fields.append(("actions", (n, *act_space.shape) if actions_in else (0,), act_space.dtype or np.uint8))
     fields.append(("obs", (n, *obs_space.shape) if obs_in else (0,), obs_space.dtype if obs_in else np.uint8))
     return fields, obs_in, actions_in
@@ -36,15 +29,15 @@ def block_fields(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memo
 def layout(fields: list[tuple[str, tuple[int, ...], Any]]) -> tuple[list[tuple], int]:
     """Offsets of the arrays in one block, each 64-byte aligned so that workers never share a cache
     line."""
-    placed, offset = [], 0
+    offsets, offset = [], 0
     for name, shape, dtype in fields:
-        placed.append((name, offset, shape, np.dtype(dtype).str))
+        offsets.append((name, offset, shape, np.dtype(dtype).str))
         offset += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 64) * 64
-    return placed, max(offset, 64)
+    return offsets, max(offset, 64)
 
 
-def views(buffer: Any, placed: list[tuple]) -> dict[str, np.ndarray]:
-    return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset) for name, offset, shape, dtype in placed}
+def views(buffer: Any, offsets: list[tuple]) -> dict[str, np.ndarray]:
+    return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset) for name, offset, shape, dtype in offsets}
 
 
 def anonymous_file(size: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
+import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -264,6 +265,7 @@ class SubprocVecEnv(VectorEnv):
             if self._obs_in_shm and (np.shape(obs) != views.shape or obs.dtype != views.dtype):
                 raise ValueError(f"observations of shape {np.shape(obs)} for {views.shape}")
             env_obs = None if self._obs_in_shm else list(iterate(self.observation_space, obs))
+            pickle.dumps(states)  # as the pipe will (RecursionError for data nested too deep)
         except Exception as exc:  # noqa: BLE001 - data from a file that is not these envs' states
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
         reasons = self._command("load_env_states", Command.LOAD_STATES, lambda sl: states[sl])

@@ -6,8 +6,10 @@ not fit these envs are refused with the reason, before anything runs."""
 from __future__ import annotations
 
 import io
+import re
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +121,38 @@ def test_states_that_do_not_fit_are_refused_with_the_reason():
         with pytest.raises(ValueError, match="buffer size must be a multiple of element size"):
             envs.load_env_states(damaged(saved))
         envs.reset(seed=0)
+
+
+def nested(depth: int):
+    data = ("list", [])
+    for _ in range(depth):
+        data = ("list", [data])
+    return data
+
+
+EDITS = {  # an attribute of CartPoleEnv a file sets: what each refusal says
+    "a space": ("observation_space", ("list", []), "CartPoleEnv.observation_space is not state: make_env sets it"),
+    "a constant": ("render_mode", "human", "CartPoleEnv.render_mode is not state: make_env sets it"),
+    "a dunder": ("__class__", 1, "'__class__' is not an attribute's name"),
+    "another kind": ("x_threshold", "far", "CartPoleEnv.x_threshold holds a float, not a str"),
+    "another shape": ("state", ("array", "<f8", [64], bytes(512)), "holds a float64 array of shape (4,), not a "),
+    "too deep": ("state", nested(100_000), "RecursionError"),
+}
+
+
+@pytest.mark.parametrize("name,data,says", EDITS.values(), ids=EDITS)
+def test_a_state_sets_only_the_state_an_env_holds_of_its_kind(name, data, says):
+    """A state edited to set what make_env built, a name that is no attribute, a value of another
+    kind or shape (C code writes into arrays), or data nested too deep for a pipe: refused, and the
+    env is as it was."""
+    make = lambda: gym.make("CartPole-v1")  # noqa: E731
+    with SubprocVecEnv([make] * 2, num_workers=1) as envs:
+        envs.reset(seed=0)
+        saved = envs.save_env_states()
+        fields = saved["envs"][0]["layers"][0]  # CartPoleEnv's
+        fields[:] = [*(f for f in fields if f[0] != name), [name, data]]
+        with pytest.raises(ValueError, match=re.escape(says)):
+            envs.load_env_states(saved)
+        assert envs.get_attr("render_mode") == (None, None)
+        assert [np.shape(s) for s in envs.get_attr("state")] == [(4,), (4,)]
+        envs.step(envs.action_space.sample())

@@ -188,12 +188,19 @@ def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked
     )
 
 
-def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reused(tmp_path):
-    """A run folder from before args.json recorded the defaults and the flags given matches nothing:
-    a new run."""
+EDITS = {
+    "older": lambda saved: {k: v for k, v in saved.items() if k not in ("defaults", "given")},
+    "resumes-edited": lambda saved: saved | {"resumes": [{"changed": {"learning_rate": 0.001}}]},
+    "given-edited": lambda saved: saved | {"given": "learning_rate"},
+}
+
+
+@pytest.mark.parametrize("edit", EDITS.values(), ids=EDITS)
+def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reused(tmp_path, edit):
+    """A run folder from before args.json recorded the defaults and the flags given, or with an
+    args.json edited out of shape, matches nothing: a new run."""
     old = write_folder(tmp_path / "runs", "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500)
-    saved = records.read_json(old / "args.json")
-    records.write_json(old / "args.json", {k: v for k, v in saved.items() if k not in ("defaults", "given")})
+    records.write_json(old / "args.json", edit(records.read_json(old / "args.json")))
     run = runs.Run(
         "s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "1280", "--learning-rate", "0.001"], str(tmp_path)
     )

@@ -31,6 +31,9 @@ TOLERATED = frozenset(
     "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume".split()
 )
 SCHEDULED = ("anneal_lr",)  # flags that make a run learn by a schedule over its --total-timesteps
+# Flags a resumed run takes from its command line only (a checkpoint never chooses what runs or
+# where it writes)
+COMMAND_LINE_ONLY = ("eval_checkpoint", "capture_video", "track", "wandb_project_name", "wandb_entity")
 
 
 def flag(name: str) -> str:

@@ -21,7 +21,7 @@ class Progress:
         self.recent_returns = collections.deque(recent, maxlen=20)
         self.start = self.last_print = time.time()
         # (a summary edited by hand)
-        earlier = {k: v for k, v in earlier.items() if type(v) in (int, float)}
+        earlier = {k: v for k, v in earlier.items() if type(v) in (int, float) and 0 <= v < 1e12}
         self.earlier_seconds = earlier.get("seconds", 0.0)
         self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
 

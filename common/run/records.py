@@ -46,7 +46,13 @@ def lock_holder(lock: Path) -> int | None:
 def hold(lock: Path) -> int:
     """Makes this process the holder of the lock file `lock` (the kernel lets go however it
     ends); its descriptor. FlagError naming the process that holds it already."""
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # (a link planted there: refused)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise FlagError(
+            f"{lock} cannot be this run's lock ({exc.strerror}): remove it, or resume another run"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -116,16 +122,18 @@ def write_args(run_dir: Path, args: Any, steps_per_iteration: int, world_size: i
 
 
 def read_args(path: Path) -> dict[str, Any] | None:
-    """args.json as runs write it (what it was asked for: defaults and given), or None (missing,
-    unreadable, or edited out of shape)."""
+    """args.json as runs write it (what it was asked for: defaults and given; each resume and the
+    flags it changed), or None (missing, unreadable, or edited out of shape)."""
     record = read_json(path)
-    shapes = {"defaults": dict, "given": list, "resumes": list, "world_size": int}
-    if record is None or not {"defaults", "given"} <= record.keys():
+    if record is None or not isinstance(record.get("defaults"), dict) or not isinstance(record.get("given"), list):
         return None
-    if not all(isinstance(record[k], kind) for k, kind in shapes.items() if k in record):
+    resumes = record.get("resumes", [])
+    if not isinstance(resumes, list) or not isinstance(record.get("world_size", 1), int):
         return None
-    items = [*((g, str) for g in record["given"]), *((r, dict) for r in record.get("resumes", []))]
-    return record if all(isinstance(item, kind) for item, kind in items) else None
+    changes = [r.get("changed") if isinstance(r, dict) else None for r in resumes]
+    if not all(isinstance(c, dict) and all(isinstance(v, list) and len(v) == 2 for v in c.values()) for c in changes):
+        return None
+    return record if all(isinstance(g, str) for g in record["given"]) else None
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
@@ -134,7 +142,8 @@ def write_atomically(path: Path, data: bytes | memoryview) -> None:
     as it was."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        tmp.unlink(missing_ok=True)  # a file, or a link planted there: written anew, never through
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -149,9 +158,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's object, or None (missing, unreadable, or another kind of value)."""
+    """A JSON file's object, or None (missing, unreadable, not a regular file, or another kind of
+    value)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text()) if Path(path).is_file() else None
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -255,23 +265,81 @@ FIELDS: dict[str, Any] = {
 
 
 def load_state(obj: Any, state: Any, where: str) -> None:
-    """obj.load_state_dict(state), a mismatch as one FlagError (for a model, the first tensor that
-    differs and both shapes: a checkpoint of another env, or of other sizes)."""
-    if isinstance(obj, torch.nn.Module) and isinstance(state, dict):
-        own = obj.state_dict()
-        for name in [*own, *state]:
-            if name not in own or name not in state:
-                has = "this run's model has" if name in own else "the checkpoint has"
-                raise FlagError(f"{where} does not fit this run's model: {has} {name}, the other not")
-            if tuple(own[name].shape) != tuple(state[name].shape):
-                raise FlagError(
-                    f"{where} does not fit this run's model: {name} has shape {tuple(state[name].shape)} "
-                    f"there, {tuple(own[name].shape)} here (another env, or other sizes?)"
-                )
+    """obj.load_state_dict(state) once state is checked to hold what obj's own does (the same
+    names; tensors of the same shape and dtype; an optimizer's moments the shape of their
+    parameters, its settings of the same kinds): a mismatch is one FlagError (for a model, the
+    first tensor that differs and both shapes: a checkpoint of another env, or of other sizes),
+    never a load that would write past a tensor."""
+    own, what = obj.state_dict(), "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
+    try:
+        if isinstance(obj, torch.optim.Optimizer):
+            params = [p for group in obj.param_groups for p in group["params"]]
+            why = _optimizer_misfit(own, state, dict(zip(_indices(own), (p.shape for p in params), strict=True)))
+        else:
+            why = _misfit(own, state, "")
+    except Exception as exc:  # noqa: BLE001 - a state edited out of any shape
+        why = f"it holds no state of one ({one_line(exc)})"
+    if why:
+        raise FlagError(f"{where} does not fit this run's {what}: {why}")
     try:
         obj.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise FlagError(f"{where} does not fit this run's {type(obj).__name__} ({one_line(exc)})") from None
+        raise FlagError(f"{where} does not fit this run's {what} ({one_line(exc)})") from None
+
+
+def _misfit(own: Any, theirs: Any, name: str) -> str | None:
+    """Where `theirs` is not shaped like `own` (a state dict, nested), in words; None if it is."""
+    if isinstance(own, torch.Tensor):
+        if not isinstance(theirs, torch.Tensor):
+            return f"{name} is a {type(theirs).__name__} there, a tensor here"
+        if theirs.shape != own.shape:
+            return (
+                f"{name} has shape {tuple(theirs.shape)} there, {tuple(own.shape)} here (another env, or other sizes?)"
+            )
+        return f"{name} is {theirs.dtype} there, {own.dtype} here" if theirs.dtype != own.dtype else None
+    if isinstance(own, dict):
+        if not isinstance(theirs, dict):
+            return f"{name or 'it'} is a {type(theirs).__name__} there, a dict here"
+        for key in [k for k in [*own, *theirs] if k not in own or k not in theirs][:1]:
+            return (
+                f"{'this run has' if key in own else 'the checkpoint has'} {f'{name}.{key}'.strip('.')}, the other not"
+            )
+        return next((why for k in own if (why := _misfit(own[k], theirs[k], f"{name}.{k}".strip(".")))), None)
+    if isinstance(own, (list, tuple)):
+        if type(theirs) is not type(own) or len(theirs) != len(own):
+            return f"{name} holds {len(theirs) if isinstance(theirs, (list, tuple)) else 'no'} items, not {len(own)}"
+        pairs = enumerate(zip(own, theirs, strict=True))
+        return next((why for k, (a, b) in pairs if (why := _misfit(a, b, f"{name}[{k}]"))), None)
+    kinds = {int: (int, float), float: (int, float), type(None): (type(None), bool)}.get(type(own), (type(own),))
+    here = "None" if own is None else f"a {type(own).__name__}"
+    return None if type(theirs) in kinds else f"{name} is {theirs!r} there, {here} here"
+
+
+def _indices(state: dict) -> list:
+    return [i for group in state["param_groups"] for i in group["params"]]
+
+
+def _optimizer_misfit(own: dict, theirs: Any, shapes: dict) -> str | None:
+    """An optimizer's state checked against its parameters: the same groups and settings, and
+    each moment the shape of its parameter (a fused step would write past one that is not)."""
+    if not isinstance(theirs, dict) or set(theirs) != {"state", "param_groups"}:
+        return "it is not an optimizer's state"
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in own["param_groups"]]
+    theirs_settings = [
+        {k: v for k, v in g.items() if k != "params"} if isinstance(g, dict) else g for g in theirs["param_groups"]
+    ]
+    why = _misfit(settings, theirs_settings, "param_groups")
+    if why or not isinstance(theirs["state"], dict):
+        return why or "its state is not a dict"
+    if [g.get("params") for g in theirs["param_groups"]] != [g["params"] for g in own["param_groups"]]:
+        return "its parameters are others"
+    for i, moments in theirs["state"].items():
+        if i not in shapes or not isinstance(moments, dict):
+            return f"state {i} is of no parameter"
+        for key, value in moments.items():
+            if not isinstance(value, torch.Tensor) or value.shape not in (shapes[i], torch.Size([])):
+                return f"state {i}.{key} is not of its parameter's shape {tuple(shapes[i])}"
+    return None
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:

@@ -99,7 +99,7 @@ class Run:
                 f"{where} continues a run trained with {listed}: a run's results come from one set of flags; drop "
                 "those flags, or start a new run"
             )
-        return dataclasses.replace(saved, **given | {"resume": path}), checkpoint
+        return dataclasses.replace(saved, **given | {"resume": path} | own(args)), checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
         """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and
@@ -199,15 +199,18 @@ class Run:
             # torch's own generators, from a run on another device (or an older version)
             if name not in checkpoint:
                 continue
+            if not _per_rank(obj):
+                records.load_state(obj, checkpoint[name], f"--resume {path}")
+                continue
             try:
                 if isinstance(obj, np.random.Generator):
                     obj.bit_generator.state = checkpoint[name][self.rank]
-                elif isinstance(obj, torch.Generator):
-                    obj.set_state(checkpoint[name][self.rank])
                 else:
-                    records.load_state(obj, checkpoint[name], f"--resume {path}")
-            except (TypeError, ValueError, IndexError, RuntimeError) as exc:
-                raise FlagError(f"--resume {path}: its {name} does not fit this run ({exc})") from None
+                    obj.set_state(checkpoint[name][self.rank])
+            except Exception as exc:  # noqa: BLE001 - a generator's state edited or damaged: one line, whatever it is
+                raise FlagError(
+                    f"--resume {path}: its {name} does not fit this run ({records.one_line(exc)})"
+                ) from None
         self.start_iteration = done + 1
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations and flags.scheduled(vars(self.args)):
@@ -463,6 +466,12 @@ class Run:
             traceback.print_exc()
             close(1)
         close(0)
+
+
+def own(args: Any) -> dict[str, Any]:
+    """The flags a run takes from its command line only, never from a checkpoint: what it
+    evaluates, and whatever writes outside its folder or reaches out (videos, wandb)."""
+    return {name: getattr(args, name) for name in flags.COMMAND_LINE_ONLY if hasattr(args, name)}
 
 
 def _per_rank(obj: Any) -> bool:

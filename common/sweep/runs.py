@@ -278,7 +278,7 @@ class RunJob:
             return outcome | {"folder": None, "summary": None}
         lock = Path(run.cwd, "runs", "sweep", run.key + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "a+") as held:
+        with os.fdopen(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+") as held:
             try:
                 fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -309,7 +309,7 @@ class RunJob:
         log = Path(run.cwd, "runs", "sweep", f"{run.key}.log")
         # the run stops when the sweep dies
         env = dict(os.environ, **{records.END_WITH_PARENT: str(os.getpid())})
-        with open(log, "a") as out:
+        with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a") as out:
             self.proc = subprocess.Popen(cmd, cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
             STOP.started(self.proc)
             code = self.proc.wait()

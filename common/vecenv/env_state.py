@@ -31,7 +31,9 @@ from gymnasium.envs.registration import EnvSpec
 SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")
 CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 REBUILT = (gym.Env, gym.Space, EnvSpec, types.ModuleType, *CODE)  # what make_env builds again
-NOT_TAKEN = {"_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec", "metadata", "_action_set"}
+# Constants of what make_env built (a file never sets them: a frame skip of 2**31 would hang a step)
+NOT_TAKEN = {"_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec", "metadata", "_action_set", "render_mode"}
+NOT_TAKEN |= {"frame_skip", "_frameskip", "noop_max", "action_set", "screen", "clock", "mujoco_renderer"}
 RAW = (type(None), bool, int, float, str)
 KEEP = object()  # an attribute left as make_env built it
 
@@ -169,7 +171,9 @@ class _InPlace:
             if np.shape(self.state) != (mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION),):
                 raise ValueError("MuJoCo's state has another size: another model")
             self.derived = {key: decoded(data, None, seen) for key, data in rest[1]}
-        elif kind == "object" and type(current).__name__ == rest[0]:
+        elif (
+            kind == "object" and type(current).__name__ == rest[0] and type(current).__module__.startswith("gymnasium.")
+        ):
             self.state = _unfields(current, rest[1], seen)
         else:
             raise ValueError(f"a state of kind {kind!r} for {type(current).__name__}")
@@ -206,14 +210,46 @@ def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
 def _fields(obj: Any, seen: dict[int, tuple]) -> list:
     """[name, value] of each attribute that is state (neither a constant nor what make_env
     builds)."""
-    rebuilt = lambda field: isinstance(field, REBUILT) or type(field).__name__ == "MjModel"  # noqa: E731
     return [
-        [name, value(field, seen)] for name, field in vars(obj).items() if name not in NOT_TAKEN and not rebuilt(field)
+        [name, value(field, seen)] for name, field in vars(obj).items() if name not in NOT_TAKEN and not _rebuilt(field)
     ]
 
 
 def _unfields(obj: Any, fields: list, seen: list) -> dict[str, Any]:
-    return {name: decoded(data, vars(obj).get(name), seen) for name, data in fields}
+    """The values `fields` gives obj's attributes, each one `take` keeps and of the kind obj holds
+    now: any where it holds None or nothing yet (Pendulum's state comes with its first reset), an
+    array of its dtype and shape (C code may write into it); ValueError for any other."""
+    values = {}
+    for name, data in fields:
+        if not (type(name) is str and name.isidentifier() and not name.startswith("__")):
+            raise ValueError(f"{name!r} is not an attribute's name")
+        current = vars(obj).get(name, getattr(type(obj), name, None))
+        if name in NOT_TAKEN or _rebuilt(current):
+            raise ValueError(f"{type(obj).__name__}.{name} is not state: make_env sets it")
+        values[name] = new = decoded(data, current, seen)
+        if not (current is None or new is None or new is KEEP or _kind(new) == _kind(current)):
+            raise ValueError(f"{type(obj).__name__}.{name} holds {_said(current)}, not {_said(new)}")
+    return values
+
+
+def _kind(value: Any) -> Any:
+    """What a value is, for an attribute to change it only for a value of its kind: numbers are
+    one kind, an array's kind is its dtype and shape."""
+    if isinstance(value, _InPlace):
+        return _kind(value.current)
+    if isinstance(value, np.ndarray):
+        return (np.ndarray, value.dtype, value.shape)
+    return (int, float) if isinstance(value, (int, float, np.number, np.bool_)) else type(value)
+
+
+def _said(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype} array of shape {value.shape}"
+    return f"a {type(value.current if isinstance(value, _InPlace) else value).__name__}"
+
+
+def _rebuilt(value: Any) -> bool:
+    return isinstance(value, REBUILT) or type(value).__name__ == "MjModel"
 
 
 def _assign(obj: Any, values: dict[str, Any]) -> None:

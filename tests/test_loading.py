@@ -139,9 +139,7 @@ def test_a_checkpoint_or_run_folder_edited_to_reach_past_the_run_is_refused_or_i
     assert re.search(
         r"does not fit this run's Adam: state 0\.exp_avg is not of its parameter's shape \(\d+, 4\)\n$", moment.stderr
     )
-    assert rng.returncode == 2 and re.search(r"its rng does not fit this run \(.+\)\n$", rng.stderr), (
-        rng.stderr
-    )
+    assert rng.returncode == 2 and re.search(r"its rng does not fit this run \(.+\)\n$", rng.stderr), rng.stderr
     for out in (flags, tmp_link, summary):
         assert out.returncode == 0 and "resuming from iteration 2 " in out.stdout, out.stdout + out.stderr
     assert not (cases["tmp-link"] / "summary.json").is_symlink()

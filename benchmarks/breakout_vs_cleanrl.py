@@ -1,0 +1,128 @@
+"""Breakout learning of ppo_atari_multigpu.py (its defaults, one rank) side by side with CleanRL's
+own ppo_atari.py, on the same seeds and steps: each run's last-20 raw return, wall time and CPU time.
+
+    # CleanRL's checkout in DIR (see benchmarks/train_speed.py), seeds 1 and 2, 1M steps (~1-1.5 h a run)
+    python benchmarks/breakout_vs_cleanrl.py --cleanrl DIR --runs RUNS --seeds 1 2
+    # ours from another checkout (the commit recorded is that checkout's)
+    python benchmarks/breakout_vs_cleanrl.py --cleanrl DIR --runs RUNS --ours CHECKOUT
+    # run nothing: summarize what finished in RUNS
+    python benchmarks/breakout_vs_cleanrl.py --runs RUNS --seeds 1 2 --finished-only
+
+Each run is the script's own command, niced (`nice -n 10`: made to run beside other work), in
+RUNS/<name>-<seed>; the runs go one after another (ours, then CleanRL, seed by seed), and a run with
+a result.json is kept, not rerun. The wall time is from start to exit (start-up included) and the
+CPU time that of the run's whole process tree. Both scripts log each finished game's raw return as
+charts/episodic_return (CleanRL's RecordEpisodeStatistics sits under its EpisodicLifeEnv; ours counts
+whole games), so the figure is the mean of the last 20 of each. Writes
+benchmarks/results/learning_breakout_vs_cleanrl.md, .json and .png (return against steps and
+against wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks.report import MACHINE, RESULTS, save, save_png, smoothed  # noqa: E402
+from benchmarks.train_speed import cleanrl_python  # noqa: E402
+from common.sweep import report  # noqa: E402
+
+
+def commands(args: argparse.Namespace, seed: int) -> dict[str, tuple[list[str], dict]]:
+    steps = ["--total-timesteps", str(args.steps), "--seed", str(seed)]
+    ours = [sys.executable, str(args.ours / "ppo_atari_multigpu.py"), *steps]
+    found = {"ours": (ours, dict(os.environ))}
+    if args.cleanrl:  # ppo_atari.py imports cleanrl_utils from its checkout
+        cleanrl = [cleanrl_python(), str(args.cleanrl / "cleanrl" / "ppo_atari.py"), *steps]
+        found["cleanrl"] = (cleanrl, dict(os.environ, PYTHONPATH=str(args.cleanrl)))
+    return found
+
+
+def run(folder: Path, cmd: list[str], env: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"{folder.name}: {' '.join(cmd)}", flush=True)
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+    with open(folder / "log.txt", "w") as log:
+        code = subprocess.run(["nice", "-n", "10", *cmd], cwd=folder, stdout=log, stderr=subprocess.STDOUT, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    result = {"command": " ".join(cmd), "exit": code.returncode, "wall_seconds": round(time.time() - start, 1)}
+    (folder / "result.json").write_text(json.dumps(result | {"cpu_seconds": round(cpu, 1)}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cleanrl", type=Path, help="a checkout of CleanRL (commit fe8d8a0): its ppo_atari.py runs")
+    parser.add_argument("--ours", type=Path, default=REPO, help="the checkout whose ppo_atari_multigpu.py runs")
+    parser.add_argument("--runs", type=Path, required=True, help="where the runs go, one folder each; kept")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--finished-only", action="store_true", help="run nothing: summarize what finished")
+    args = parser.parse_args()
+    args.ours, args.cleanrl = args.ours.resolve(), args.cleanrl and args.cleanrl.resolve()
+    if not args.finished_only:
+        for seed in args.seeds:
+            for name, (cmd, env) in commands(args, seed).items():
+                if not (args.runs / f"{name}-{seed}" / "result.json").exists():
+                    run(args.runs / f"{name}-{seed}", cmd, env)
+
+    commit = subprocess.run(
+        ["git", "-C", str(args.ours), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    data = {"commit": commit.stdout.strip(), "steps": args.steps, "ours": {}, "cleanrl": {}, "runs": {}, "curves": {}}
+    lines = [
+        f"Breakout, {args.steps:,} steps: ppo_atari_multigpu.py (defaults, one rank; commit {data['commit']}) and",
+        f"CleanRL's ppo_atari.py, each niced. Machine: {MACHINE}. Command: `python benchmarks/breakout_vs_cleanrl.py`.",
+        "",
+        "| run | last-20 raw return | games | wall time, s | CPU time, s | command |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("ours", "cleanrl"):
+        for seed in args.seeds:
+            folder = args.runs / f"{name}-{seed}"
+            result = json.loads((folder / "result.json").read_text()) if (folder / "result.json").exists() else None
+            if result is None or result["exit"] != 0:
+                lines.append(f"| {name} seed {seed} | not finished | | | | |")
+                continue
+            run_dir = next((folder / "runs").iterdir())
+            steps, returns, wall = report.episodes(run_dir)
+            data[name][str(seed)] = round(report.final_return(run_dir), 2)
+            data["runs"][f"{name}-{seed}"] = result
+            data["curves"][f"{name}-{seed}"] = [*smoothed(steps, returns, 20), smoothed(wall, returns, 20)[0]]
+            lines.append(
+                f"| {name} seed {seed} | {data[name][str(seed)]:.1f} | {len(returns)} | {result['wall_seconds']:.0f} | "
+                f"{result['cpu_seconds']:.0f} | `{result['command']}` |"
+            )
+    means = {name: sum(data[name].values()) / len(data[name]) for name in ("ours", "cleanrl") if data[name]}
+    if len(means) == 2:
+        lines += ["", f"Mean over seeds: ours {means['ours']:.1f}, CleanRL {means['cleanrl']:.1f}"]
+        lines[-1] += f" (ours / CleanRL {means['ours'] / means['cleanrl']:.2f}x)."
+    lines += ["", "![curves](learning_breakout_vs_cleanrl.png)"]
+    plt = save("learning_breakout_vs_cleanrl", lines, data)
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, (steps, returns, seconds) in data["curves"].items():
+        style = "-" if label.startswith("ours") else "--"
+        axes[0].plot(steps, returns, style, lw=1, label=label)
+        axes[1].plot([s / 60 for s in seconds], returns, style, lw=1, label=label)
+    axes[0].set(xlabel="global step", ylabel="raw return, 20-game mean")
+    axes[1].set(xlabel="wall time, minutes (niced, beside other work)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Breakout: ppo_atari_multigpu.py ({data['commit']}) and CleanRL's ppo_atari.py")
+    fig.tight_layout()
+    save_png(fig, RESULTS / "learning_breakout_vs_cleanrl.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -137,6 +137,8 @@ EDITS = {  # an attribute of CartPoleEnv a file sets: what each refusal says
     "another kind": ("x_threshold", "far", "CartPoleEnv.x_threshold holds a float, not a str"),
     "another shape": ("state", ("array", "<f8", [64], bytes(512)), "holds a float64 array of shape (4,), not a "),
     "too deep": ("state", nested(100_000), "RecursionError"),
+    "None for a number": ("gravity", None, "CartPoleEnv.gravity holds a float, not a NoneType"),
+    "a string where None was": ("steps_beyond_terminated", "x", "holds a NoneType, not a str"),
 }
 
 
@@ -155,4 +157,21 @@ def test_a_state_sets_only_the_state_an_env_holds_of_its_kind(name, data, says):
             envs.load_env_states(saved)
         assert envs.get_attr("render_mode") == (None, None)
         assert [np.shape(s) for s in envs.get_attr("state")] == [(4,), (4,)]
+        envs.step(envs.action_space.sample())
+
+
+def test_a_state_no_step_goes_on_from_is_refused_and_the_env_is_as_built():
+    """Values of the kinds an env holds may still be none it can step from (a number where
+    Pendulum's state, absent until a reset, is an array): a trial step refuses them, and the envs
+    are as make_env built them."""
+    make = lambda: gym.make("Pendulum-v1")  # noqa: E731
+    with SubprocVecEnv([make] * 2, num_workers=1) as envs:
+        envs.reset(seed=0)
+        saved = envs.save_env_states()
+    pendulum = saved["envs"][1]["layers"][0]
+    pendulum[:] = [*(f for f in pendulum if f[0] != "state"), ["state", 5.0]]
+    with SubprocVecEnv([make] * 2, num_workers=1) as envs:
+        with pytest.raises(ValueError, match=r"env 1: ValueError: a step from it fails \(TypeError: cannot unpack"):
+            envs.load_env_states(saved)
+        envs.reset(seed=0)
         envs.step(envs.action_space.sample())

@@ -114,12 +114,21 @@ def test_a_checkpoint_or_run_folder_edited_to_reach_past_the_run_is_refused_or_i
     assert out.returncode == 0, out.stderr
     run, outside = only_run_dir(tmp_path), tmp_path / "outside"
     cases = {}
-    for name in ("moment", "flags", "tmp-link", "lock-link", "rng", "summary"):
+    for name in ("moment", "flags", "tmp-link", "lock-link", "rng", "summary", "scalar", "settings", "older"):
         shutil.copytree(run, tmp_path / name / "runs" / run.name)
         cases[name] = tmp_path / name / "runs" / run.name
     state = torch.load(cases["moment"] / "checkpoint.pt", weights_only=True)
     state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(1)
     torch.save(state, cases["moment"] / "checkpoint.pt")
+    for name, edit in {
+        "scalar": lambda optimizer: optimizer["state"][0].update(exp_avg=torch.tensor(0.0)),
+        "settings": lambda optimizer: optimizer["param_groups"][0].update(eps=float("nan")),
+        # a setting this torch added since (torch fills it in)
+        "older": lambda optimizer: optimizer["param_groups"][0].pop("decoupled_weight_decay"),
+    }.items():
+        state = torch.load(cases[name] / "checkpoint.pt", weights_only=True)
+        edit(state["optimizer"])
+        torch.save(state, cases[name] / "checkpoint.pt")
     state = torch.load(cases["flags"] / "checkpoint.pt", weights_only=True)
     state["args"] |= {"eval_checkpoint": str(tmp_path / "missing.pt"), "track": True}
     torch.save(state, cases["flags"] / "checkpoint.pt")
@@ -134,13 +143,15 @@ def test_a_checkpoint_or_run_folder_edited_to_reach_past_the_run_is_refused_or_i
         (["--resume", folder / "checkpoint.pt", "--total-timesteps", "384"], folder.parents[1])
         for folder in cases.values()
     ]
-    moment, flags, tmp_link, lock_link, rng, summary = run_script_many(VEC, resumes)
-    assert moment.returncode == 2 and moment.stderr.count("\n") == 1, moment.stderr
-    assert re.search(
-        r"does not fit this run's Adam: state 0\.exp_avg is not of its parameter's shape \(\d+, 4\)\n$", moment.stderr
-    )
+    moment, flags, tmp_link, lock_link, rng, summary, scalar, settings, older = run_script_many(VEC, resumes)
+    for out in (moment, scalar):
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert re.search(
+            r"does not fit this run's Adam: state\.0\.exp_avg has shape \(1?,?\) there, \(\d+, 4\) here\n$", out.stderr
+        )
+    assert settings.returncode == 2 and settings.stderr.endswith("param_groups[0].eps is nan there, 1e-05 here\n")
     assert rng.returncode == 2 and re.search(r"its rng does not fit this run \(.+\)\n$", rng.stderr), rng.stderr
-    for out in (flags, tmp_link, summary):
+    for out in (flags, tmp_link, summary, older):
         assert out.returncode == 0 and "resuming from iteration 2 " in out.stdout, out.stdout + out.stderr
     assert not (cases["tmp-link"] / "summary.json").is_symlink()
     assert lock_link.returncode == 2 and "/.lock cannot be this run's lock (" in lock_link.stderr, lock_link.stderr

@@ -11,6 +11,7 @@ import fcntl
 import io
 import json
 import os
+import reprlib
 import sys
 import time
 from pathlib import Path
@@ -266,17 +267,17 @@ FIELDS: dict[str, Any] = {
 
 def load_state(obj: Any, state: Any, where: str) -> None:
     """obj.load_state_dict(state) once state is checked to hold what obj's own does (the same
-    names; tensors of the same shape and dtype; an optimizer's moments the shape of their
-    parameters, its settings of the same kinds): a mismatch is one FlagError (for a model, the
-    first tensor that differs and both shapes: a checkpoint of another env, or of other sizes),
-    never a load that would write past a tensor."""
-    own, what = obj.state_dict(), "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
+    names; tensors of the same shape and dtype; for an optimizer, the moments one step of it makes
+    and its settings): a mismatch is one FlagError (for a model, the first tensor that differs and
+    both shapes: a checkpoint of another env, or of other sizes), never a load that would write
+    past a tensor."""
+    what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
     try:
         if isinstance(obj, torch.optim.Optimizer):
-            params = [p for group in obj.param_groups for p in group["params"]]
-            why = _optimizer_misfit(own, state, dict(zip(_indices(own), (p.shape for p in params), strict=True)))
+            why = _optimizer_misfit(obj, state)
         else:
-            why = _misfit(own, state, "")
+            why = _misfit(obj.state_dict(), state, "")
+            why = why and why + (" (another env, or other sizes?)" if " has shape " in why else "")
     except Exception as exc:  # noqa: BLE001 - a state edited out of any shape
         why = f"it holds no state of one ({one_line(exc)})"
     if why:
@@ -293,9 +294,7 @@ def _misfit(own: Any, theirs: Any, name: str) -> str | None:
         if not isinstance(theirs, torch.Tensor):
             return f"{name} is a {type(theirs).__name__} there, a tensor here"
         if theirs.shape != own.shape:
-            return (
-                f"{name} has shape {tuple(theirs.shape)} there, {tuple(own.shape)} here (another env, or other sizes?)"
-            )
+            return f"{name} has shape {tuple(theirs.shape)} there, {tuple(own.shape)} here"
         return f"{name} is {theirs.dtype} there, {own.dtype} here" if theirs.dtype != own.dtype else None
     if isinstance(own, dict):
         if not isinstance(theirs, dict):
@@ -312,34 +311,44 @@ def _misfit(own: Any, theirs: Any, name: str) -> str | None:
         return next((why for k, (a, b) in pairs if (why := _misfit(a, b, f"{name}[{k}]"))), None)
     kinds = {int: (int, float), float: (int, float), type(None): (type(None), bool)}.get(type(own), (type(own),))
     here = "None" if own is None else f"a {type(own).__name__}"
-    return None if type(theirs) in kinds else f"{name} is {theirs!r} there, {here} here"
+    return None if type(theirs) in kinds else f"{name} is {reprlib.repr(theirs)} there, {here} here"
 
 
-def _indices(state: dict) -> list:
-    return [i for group in state["param_groups"] for i in group["params"]]
-
-
-def _optimizer_misfit(own: dict, theirs: Any, shapes: dict) -> str | None:
-    """An optimizer's state checked against its parameters: the same groups and settings, and
-    each moment the shape of its parameter (a fused step would write past one that is not)."""
+def _optimizer_misfit(optimizer: torch.optim.Optimizer, theirs: Any) -> str | None:
+    """An optimizer's state checked against what one step of a copy of it makes: each parameter's
+    moments, of that shape and dtype (a fused step would write past one that is not), and its
+    settings, the same but for a learning rate that anneals (a finite one). A setting this torch
+    added since the checkpoint may be missing (torch fills it in)."""
+    own = _stepped(optimizer)
     if not isinstance(theirs, dict) or set(theirs) != {"state", "param_groups"}:
         return "it is not an optimizer's state"
-    settings = [{k: v for k, v in g.items() if k != "params"} for g in own["param_groups"]]
-    theirs_settings = [
-        {k: v for k, v in g.items() if k != "params"} if isinstance(g, dict) else g for g in theirs["param_groups"]
+    groups, state = theirs["param_groups"], theirs["state"]
+    if not isinstance(groups, list) or len(groups) != len(own["param_groups"]) or not isinstance(state, dict):
+        return "its parameter groups are others"
+    for k, (mine, their) in enumerate(zip(own["param_groups"], groups, strict=True)):
+        if not isinstance(their, dict) or their.keys() - mine.keys():
+            extra = sorted(their.keys() - mine.keys()) if isinstance(their, dict) else "none"
+            return f"param_groups[{k}] holds settings this torch's {type(optimizer).__name__} has not: {extra}"
+        for key in their.keys() - {"lr"}:
+            if not (type(their[key]) is type(mine[key]) and their[key] == mine[key]):
+                return f"param_groups[{k}].{key} is {reprlib.repr(their[key])} there, {mine[key]!r} here"
+        if not (type(their["lr"]) in (int, float) and 0 <= their["lr"] < float("inf")):
+            return f"param_groups[{k}].lr is {reprlib.repr(their['lr'])} there, a learning rate here"
+    return _misfit({i: own["state"][i] for i in state if i in own["state"]}, state, "state")
+
+
+def _stepped(optimizer: torch.optim.Optimizer) -> dict:
+    """The state_dict of a copy of `optimizer` after one step on zero gradients: the moments of each
+    parameter, their shapes and dtypes."""
+    groups = [
+        {**group, "params": [torch.zeros_like(p, requires_grad=True) for p in group["params"]]}
+        for group in optimizer.param_groups
     ]
-    why = _misfit(settings, theirs_settings, "param_groups")
-    if why or not isinstance(theirs["state"], dict):
-        return why or "its state is not a dict"
-    if [g.get("params") for g in theirs["param_groups"]] != [g["params"] for g in own["param_groups"]]:
-        return "its parameters are others"
-    for i, moments in theirs["state"].items():
-        if i not in shapes or not isinstance(moments, dict):
-            return f"state {i} is of no parameter"
-        for key, value in moments.items():
-            if not isinstance(value, torch.Tensor) or value.shape not in (shapes[i], torch.Size([])):
-                return f"state {i}.{key} is not of its parameter's shape {tuple(shapes[i])}"
-    return None
+    for p in (p for group in groups for p in group["params"]):
+        p.grad = torch.zeros_like(p)
+    copy = type(optimizer)(groups)
+    copy.step()
+    return copy.state_dict()
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import reprlib
 import signal
 import sys
 import time
@@ -75,7 +76,7 @@ class Run:
         # (flags dropped since: gone)
         saved_flags = {k: v for k, v in checkpoint["args"].items() if k in names}
         if wrong := flags.misfits(type(args), saved_flags):
-            listed = ", ".join(f"{name} {saved_flags[name]!r}" for name in wrong)
+            listed = ", ".join(f"{name} {reprlib.repr(saved_flags[name])}" for name in wrong)
             raise FlagError(f"{where} holds flags no run of {self.script} has ({listed}): a file edited since")
         saved = type(args)(**saved_flags)
         given = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import types
 from typing import Any
@@ -62,17 +63,26 @@ def take(env: gym.Env) -> dict | None:
         return None
 
 
-def put(env: gym.Env, state: Any) -> None:
+def put(env: gym.Env, state: Any, checked: bool = False) -> None:
     """Sets a state `take` gave onto an env the same make_env built; ValueError (or another
-    exception of decoding) if it does not fit, checked before anything is set."""
+    exception of decoding) if it does not fit, checked before anything is set (the kinds of its
+    values, unless they were `checked` by a put onto this env a moment ago)."""
     layers = chain(env)[::-1]
     classes = [type(e).__qualname__ for e in layers]
     if state["classes"] != classes:
         raise ValueError(f"it was taken from {' < '.join(state['classes'])}, these are {' < '.join(classes)}")
     seen: list = []
-    plan = [(e, _unfields(e, fields, seen)) for e, fields in zip(layers, state["layers"], strict=True)]
+    plan = [(e, _unfields(e, fields, seen, checked)) for e, fields in zip(layers, state["layers"], strict=True)]
     for obj, values in plan:
         _assign(obj, values)
+
+
+def trial_action(space: gym.Space) -> Any:
+    """An action of `space` for a trial step, drawn from a copy of it (the space's own generator
+    is left as it was)."""
+    trial = copy.deepcopy(space)
+    trial.seed(0)
+    return trial.sample()
 
 
 def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
@@ -215,10 +225,11 @@ def _fields(obj: Any, seen: dict[int, tuple]) -> list:
     ]
 
 
-def _unfields(obj: Any, fields: list, seen: list) -> dict[str, Any]:
+def _unfields(obj: Any, fields: list, seen: list, checked: bool = False) -> dict[str, Any]:
     """The values `fields` gives obj's attributes, each one `take` keeps and of the kind obj holds
-    now: any where it holds None or nothing yet (Pendulum's state comes with its first reset), an
-    array of its dtype and shape (C code may write into it); ValueError for any other."""
+    now: where it holds None or nothing yet (Pendulum's state comes with its first reset) any value
+    but a string; an array of its dtype and shape (C code may write into it); ValueError for any
+    other."""
     values = {}
     for name, data in fields:
         if not (type(name) is str and name.isidentifier() and not name.startswith("__")):
@@ -227,7 +238,8 @@ def _unfields(obj: Any, fields: list, seen: list) -> dict[str, Any]:
         if name in NOT_TAKEN or _rebuilt(current):
             raise ValueError(f"{type(obj).__name__}.{name} is not state: make_env sets it")
         values[name] = new = decoded(data, current, seen)
-        if not (current is None or new is None or new is KEEP or _kind(new) == _kind(current)):
+        # (where it holds None or nothing yet: any value but a string, as where a number was to come)
+        if not (checked or new is KEEP or _kind(new) == _kind(current) or current is None and not isinstance(new, str)):
             raise ValueError(f"{type(obj).__name__}.{name} holds {_said(current)}, not {_said(new)}")
     return values
 

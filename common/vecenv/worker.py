@@ -179,15 +179,25 @@ class EnvGroup:
         return states
 
     def load_states(self, states: list) -> list[str | None]:
-        """Each env's state set onto it; for one that does not fit, why (that env as it was)."""
+        """Each env's state set onto it, tried by a step and set again (values a file holds may
+        still be none this env can step from); for one that does not fit or fails its step, why
+        (that env's attributes as make_env built them)."""
         reasons = []
         for k, state in enumerate(states):
-            self.current = k
+            self.current, env, built = k, self.envs[k], None
             try:
-                env_state.put(self.envs[k], state)
+                built = env_state.take(env)
+                env_state.put(env, state)
+                try:
+                    env.step(env_state.trial_action(env.action_space))
+                except Exception as exc:  # noqa: BLE001 - the env's own error, whatever it is
+                    raise ValueError(f"a step from it fails ({type(exc).__name__}: {exc})") from None
+                env_state.put(env, state, checked=True)
                 reasons.append(None)
             except Exception as exc:  # noqa: BLE001 - data that does not fit this env, said in a line
                 reasons.append(f"{type(exc).__name__}: {exc}"[:300])
+                with contextlib.suppress(Exception):
+                    env_state.put(env, built, checked=True)
         return reasons
 
 

@@ -101,10 +101,12 @@ def main() -> None:
                 f"| {name} seed {seed} | {data[name][str(seed)]:.1f} | {len(returns)} | {result['wall_seconds']:.0f} | "
                 f"{result['cpu_seconds']:.0f} | `{result['command']}` |"
             )
-    means = {name: sum(data[name].values()) / len(data[name]) for name in ("ours", "cleanrl") if data[name]}
-    if len(means) == 2:
-        lines += ["", f"Mean over seeds: ours {means['ours']:.1f}, CleanRL {means['cleanrl']:.1f}"]
-        lines[-1] += f" (ours / CleanRL {means['ours'] / means['cleanrl']:.2f}x)."
+    ours = sum(data["ours"].values()) / max(len(data["ours"]), 1)
+    lines += ["", f"Ours, mean over seeds {', '.join(data['ours'])}: {ours:.1f}."]
+    if both := [seed for seed in data["ours"] if seed in data["cleanrl"]]:  # compared on the seeds both finished
+        means = {name: sum(data[name][seed] for seed in both) / len(both) for name in ("ours", "cleanrl")}
+        lines[-1] += f" On the seeds both finished ({', '.join(both)}): ours {means['ours']:.1f}, CleanRL"
+        lines[-1] += f" {means['cleanrl']:.1f} (ours / CleanRL {means['ours'] / means['cleanrl']:.2f}x)."
     lines += ["", "![curves](learning_breakout_vs_cleanrl.png)"]
     plt = save("learning_breakout_vs_cleanrl", lines, data)
     if plt is None:

@@ -74,6 +74,8 @@ class Args:
     """write runs/{run_name}/checkpoint.pt every this many iterations (0: only when stopped)"""
     resume: str | None = None
     """continue the run saved in this checkpoint, in its folder, with its flags (as many ranks)"""
+    run_id: str | None = None
+    """a name that outlives restarts (a Slurm job's $SLURM_JOB_ID): the same command again resumes that run"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint or saved model for --eval-episodes full games instead of training"""
     eval_episodes: int = 10
@@ -121,7 +123,7 @@ class Args:
     device_ids: list[int] = field(default_factory=list)
     """GPU for each local rank (empty: GPU i for local rank i)"""
     num_threads: int | None = None
-    """torch CPU threads per rank (None: the rank's share of the cores)"""
+    """torch CPU threads per rank (None: the rank's share of the cores; a resume keeps the count)"""
     num_workers: int | None = None
     """env worker processes per rank (0: envs step in the trainer; None: its share of the cores)"""
     max_restarts: int = 0
@@ -246,7 +248,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
     device = torch.device(f"cuda:{device_id}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    torch.set_num_threads(args.num_threads or max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    torch.set_num_threads(args.num_threads)
     local_batch_size = args.local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
     batch_size = local_batch_size * world_size

@@ -62,6 +62,8 @@ class Args:
     """write runs/{run_name}/checkpoint.pt every this many iterations (0: only when stopped)"""
     resume: str | None = None
     """continue the run saved in this checkpoint, in its folder, with the flags it was trained on"""
+    run_id: str | None = None
+    """a name that outlives restarts (a Slurm job's $SLURM_JOB_ID): the same command again resumes that run"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint or saved model for --eval-episodes episodes instead of training"""
     eval_episodes: int = 10
@@ -113,8 +115,7 @@ class Args:
     max_restarts: int = 0
     """times a crashed, raising or stuck env worker may be replaced (its episodes end truncated)"""
     step_timeout: float | None = None
-    """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each
-    wait)"""
+    """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each wait)"""
     num_threads: int = 1
     """torch CPU threads (a 64-unit MLP gains nothing from more; the env workers need the cores)"""
 
@@ -266,8 +267,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         run.load(model=agent, obs_normalizer=normalize_obs)
         return run.evaluate(greedy, make_env)
 
-    # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight
-    # for weight
+    # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight for weight
     state = {
         "model": agent,
         "optimizer": optimizer,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
-import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,8 +88,7 @@ class SubprocVecEnv(VectorEnv):
         seconds = {"step_timeout": step_timeout, "max_wait": max_wait, "close_timeout": close_timeout}
         check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds)
         self.num_envs = n = len(env_fns)
-        self.max_restarts, self.restarts, self.step_timeout = max_restarts, 0, step_timeout
-        self.max_wait, self.close_timeout = max_wait, close_timeout
+        self.max_restarts, self.restarts, self.close_timeout = max_restarts, 0, close_timeout
         # of every wait on a worker
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
@@ -128,7 +126,6 @@ class SubprocVecEnv(VectorEnv):
             raise
 
     # reset
-    # ------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         """Resets every env (or those in `options["reset_mask"]`); an int seed gives env i `seed
         + i`."""
@@ -171,7 +168,6 @@ class SubprocVecEnv(VectorEnv):
         return self._last_obs, infos
 
     # step
-    # -------------------------------------------------------------------------------------------
     def step(self, actions):
         self.step_async(actions)
         return self.step_wait()
@@ -227,7 +223,6 @@ class SubprocVecEnv(VectorEnv):
         return self._last_obs, rewards, terminations, truncations, infos
 
     # call, attributes, states
-    # -----------------------------------------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result
         per env."""
@@ -254,28 +249,28 @@ class SubprocVecEnv(VectorEnv):
         return None if None in states else {"envs": states, "obs": env_state.value(self._last_obs)}
 
     def load_env_states(self, saved: dict) -> Any:
-        """Sets the states `save_env_states` took onto these envs (built by the same env_fns) and
-        returns the last observations; nothing in `saved` runs code. ValueError saying why if
-        they do not fit: an env that did not take its state is as it was, so reset them all then."""
-        views = self._views["obs"]
-        try:
-            obs, states = env_state.decoded(saved["obs"]), list(saved["envs"])
-            if len(states) != self.num_envs:
-                raise ValueError(f"{len(states)} states for {self.num_envs} envs")
-            if self._obs_in_shm and (np.shape(obs) != views.shape or obs.dtype != views.dtype):
-                raise ValueError(f"observations of shape {np.shape(obs)} for {views.shape}")
-            env_obs = None if self._obs_in_shm else list(iterate(self.observation_space, obs))
-            pickle.dumps(states)  # as the pipe will (RecursionError for data nested too deep)
-        except Exception as exc:  # noqa: BLE001 - data from a file that is not these envs' states
-            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+        """Sets the states `save_env_states` took onto these envs (built by the same env_fns); nothing
+        in `saved` runs code.
+
+        Returns:
+            The last observations, as `step` returned them when the states were taken.
+
+        Raises:
+            ValueError: saying why, if some state does not fit; every env is then as it was.
+        """
+        obs, states = env_state.decoded(saved["obs"]), saved["envs"]
+        if len(states) != self.num_envs:
+            raise ValueError(f"{len(states)} states for {self.num_envs} envs")
+        before = self.save_env_states()  # put back if some state does not fit
         reasons = self._command("load_env_states", Command.LOAD_STATES, lambda sl: states[sl])
-        failed = [f"env {i}: {why}" for i, why in enumerate(reasons) if why is not None]
-        if failed:
+        if failed := [f"env {i}: {why}" for i, why in enumerate(reasons) if why is not None]:
+            if before is not None:
+                self._command("load_env_states", Command.LOAD_STATES, lambda sl: before["envs"][sl])
             raise ValueError(failed[0] + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
         if self._obs_in_shm:
-            views[...] = obs
+            self._views["obs"][...] = obs
         else:
-            self._env_obs = env_obs
+            self._env_obs = list(iterate(self.observation_space, obs))
         self._last_obs = obs
         return obs
 
@@ -296,7 +291,6 @@ class SubprocVecEnv(VectorEnv):
         return list(self._pool.pids) if isinstance(self._pool, WorkerPool) else []
 
     # close
-    # ------------------------------------------------------------------------------------------
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
         """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0
         with terminate), then kills them and the processes their envs started. Replies under way
@@ -319,7 +313,6 @@ class SubprocVecEnv(VectorEnv):
         self.close()
 
     # private
-    # ----------------------------------------------------------------------------------------
     def _command(self, name: str, command: Command, arg_of: Callable, interruptible: bool = True) -> list:
         """Sends `command` to every worker, with arg_of(its slice of the envs); the results env
         by env."""

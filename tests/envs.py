@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -141,6 +142,7 @@ class FaultyEnv(CounterEnv):
         if self.fault == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.fault == "abort":
+            faulthandler.disable()  # pytest's faulthandler would print the worker's stack: an abort on purpose
             os.abort()
         if self.fault == "exit":
             os._exit(3)
@@ -318,6 +320,30 @@ class SlowStepEnv(CounterEnv):
 
 
 gym.register("SlowStep-v0", entry_point=SlowStepEnv, kwargs={"seconds": 0.002}, max_episode_steps=200)
+
+
+class Paced(gym.Wrapper):
+    """One of gymnasium's envs whose every step takes `seconds` more (it sleeps): a run of it lasts
+    as long on a fast machine as on a slow one, and a signal sent while it trains lands before it
+    ends. Its state is data, so a checkpoint keeps it."""
+
+    pickle_state = True
+
+    def __init__(self, env: gym.Env, seconds: float = 0.001):
+        super().__init__(env)
+        self.seconds = seconds
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        return self.env.step(action)
+
+
+def paced(name: str, **kwargs) -> gym.Env:
+    return Paced(gym.make(name, **kwargs).unwrapped)
+
+
+gym.register("PacedCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1"}, max_episode_steps=500)
+gym.register("PacedPendulum-v1", entry_point=paced, kwargs={"name": "Pendulum-v1"}, max_episode_steps=200)
 
 
 class SlowToSample(gym.spaces.Discrete):

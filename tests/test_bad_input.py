@@ -37,8 +37,6 @@ def write_files(folder):
     (folder / "tail_cut.pt").write_bytes(whole[: len(whole) * 9 // 10])  # torch says "Invalid argument" there
     torch.save({"script": "ppo_vec.py", "args": {}, "model": Planted()}, folder / "planted.pt")
     (folder / "broken_envs.py").write_text("raise RuntimeError('needs a licence file')\n")
-    state = {"script": "ppo_vec.py", "args": {"num_envs": "x"}, "model": {"w": torch.zeros(1)}, "iteration": 1}
-    records.save_checkpoint(folder / "edited.pt", state)
     (folder / "zero.pt").symlink_to("/dev/zero")
     return folder
 
@@ -127,7 +125,6 @@ CASES = [
     (VEC, ["--resume", ""], "--resume needs a checkpoint file (runs/<run>/checkpoint.pt), got ''"),
     (VEC, ["--resume", "."], "--resume .: a folder: give the checkpoint.pt in it"),
     (ATARI, ["--eval-checkpoint", "zero.pt"], "--eval-checkpoint zero.pt: not a regular file"),
-    (VEC, ["--resume", "edited.pt"], "--resume edited.pt holds flags no run of ppo_vec.py has (num_envs 'x')"),
     *[(script, ["--clip-coef", "1e300"], "--clip-coef must be in (0, 10] (the ratio") for script in (VEC, ATARI)],
     (VEC, ["--vf-coef", "1e30"], "--vf-coef must be in [0, 1e6] (a float32 loss times it must stay a number)"),
     (ATARI, ["--learning-rate", "2"], "--learning-rate must be in (0, 1] (Adam moves each weight by about"),

@@ -185,7 +185,8 @@ def test_resume_refuses_other_ranks_other_sizes_and_says_when_a_run_is_finished(
     path = write_checkpoint(tmp_path / "checkpoint.pt")
     with pytest.raises(Finished, match=r"that run finished its 5 iterations already \(--total-timesteps 96 asks for 3"):
         start(run_of(monkeypatch, "--resume", path, "--total-timesteps", "96"), model=torch.nn.Linear(2, 1))
-    with pytest.raises(FlagError, match=r"does not fit this run's model: weight has shape \(1, 2\) there, \(1, 3\)"):
+    message = r"does not fit this run's model \(Linear: size mismatch for weight: copying a param with shape "
+    with pytest.raises(FlagError, match=message + r"torch\.Size\(\[1, 2\]\) from checkpoint, .+\): another env, or"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(3, 1))
     with pytest.raises(FlagError, match=r"holds no scaler: not a whole checkpoint of test_checkpointing.py \(an older"):
         start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), scaler=torch.nn.Linear(1, 1))
@@ -202,26 +203,6 @@ def test_a_torch_generator_resumes_and_torchs_own_may_be_absent(tmp_path, monkey
     restored = torch.Generator()
     start(run_of(monkeypatch, "--resume", path), model=torch.nn.Linear(2, 1), rng=restored)
     assert torch.equal(restored.get_state(), saved.get_state())
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("rng", "garbage"),
-        ("iteration", -5),
-        ("global_step", 1.5),
-        ("rng", [None]),
-        ("world_size", 0),
-        ("env_states", [3]),
-    ],
-)
-def test_a_checkpoint_whose_fields_are_wrong_is_one_line(tmp_path, field, value):
-    path = write_checkpoint(tmp_path / "checkpoint.pt", **{field: value})
-    with pytest.raises(FlagError) as info:
-        records.load_checkpoint(path, "--resume", "test_checkpointing.py")
-    assert str(info.value) == (
-        f"--resume {path} holds a {field} no run of test_checkpointing.py writes: a file edited since, or damaged"
-    )
 
 
 def test_a_resume_continues_with_the_runs_own_flags(tmp_path, monkeypatch):
@@ -352,13 +333,3 @@ def test_a_resume_of_a_run_that_trained_all_its_iterations_marks_it_done(tmp_pat
         resumed(tmp_path, monkeypatch, path)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "done"
     assert not (tmp_path / "run" / ".lock").exists()
-
-
-def test_an_args_json_edited_out_of_shape_is_one_line_on_resume(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "run").mkdir()
-    path = write_checkpoint(tmp_path / "run" / "checkpoint.pt")
-    (tmp_path / "run" / "args.json").write_text(json.dumps({"defaults": {}, "given": [], "resumes": 5}))
-    message = r"args.json is not an args.json a run writes \(edited since\?\): put it back, or remove it to"
-    with pytest.raises(FlagError, match=message):
-        resumed(tmp_path, monkeypatch, path)

@@ -108,7 +108,8 @@ def test_a_stopped_run_saves_cleans_up_and_resumes(tmp_path, script, args, sig):
     shown = checkpoint_path.relative_to(tmp_path)
     closing = stderr.splitlines()[-1]  # the closing line: how it ended, and how to go on
     assert closing.startswith(f"{script.name}: stopped by {sig.name}: ") and stderr.endswith("\n")
-    assert closing.endswith(f"; continue with: python {script} --resume {shown}")  # the script as it was run
+    module_env = f" --env-id {FAULT_ENV[1]}" if FAULT_ENV[1] in args else ""  # the command imports it again
+    assert closing.endswith(f"; continue with: python {script} --resume {shown}{module_env}")  # the script as run
     assert "Traceback" not in stderr
     assert "losses/value_loss" in read_scalars(run_dir)  # the events were flushed
     assert all_gone(family, within=5.0)  # the forkserver notices its parent's end a moment after it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from tests.helpers import (
     fault_env,
     only_run_dir,
     read_scalars,
+    run_command,
     run_script,
 )
 
@@ -153,11 +155,14 @@ def test_a_failed_run_saves_its_last_iteration_and_says_so(tmp_path):
     # at its 70th step
     assert "ppo_vec.py: error: env " in out.stderr and "raised ValueError: boom" in out.stderr
     assert out.stderr.splitlines()[-1].startswith("ppo_vec.py: failed: 256 of 2048 steps in ")
-    assert out.stderr.endswith(f"; continue with: python {VEC} --resume runs/{run_dir.name}/checkpoint.pt\n")
+    resume = f"python {VEC} --resume runs/{run_dir.name}/checkpoint.pt --env-id {FAULT_ENV[1]}"
+    assert out.stderr.endswith(f"; continue with: {resume}\n")  # the module env id: the resume imports it
     summary = json.loads((run_dir / "summary.json").read_text())
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
     assert summary["status"] == "failed" and summary["checkpoint_iteration"] == saved  # the file on disk
     assert 0 <= saved <= 2  # the last boundary kept (run.KEEP_EVERY): at most the last whole iteration
+    again = run_command(shlex.split(resume.replace("python", sys.executable, 1)), tmp_path, 300, fault_env(tmp_path))
+    assert again.returncode == 0 and f"resuming from iteration {saved} " in again.stdout, again.stderr  # as printed
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])

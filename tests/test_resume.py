@@ -29,10 +29,12 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test command, not the fast tier
 
+# Gymnasium's envs whose steps take a millisecond more (tests/envs.py: Paced): the stop lands in a run
+# that lasts seconds however fast the machine is
 CASES = [
-    (VEC, [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"], 128),  # envs in the trainer
+    (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "0"], 128),  # in the trainer
     # in workers, each env's statistics
-    (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--num-workers", "2"], 128),
+    (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedPendulum-v1", "--num-workers", "2"], 128),
     pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' states (two ranks: below)
 ]
 

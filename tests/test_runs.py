@@ -188,19 +188,12 @@ def test_a_sweep_reuses_a_run_of_another_length_only_if_it_becomes_the_run_asked
     )
 
 
-EDITS = {
-    "older": lambda saved: {k: v for k, v in saved.items() if k not in ("defaults", "given")},
-    "resumes-edited": lambda saved: saved | {"resumes": [{"changed": {"learning_rate": 0.001}}]},
-    "given-edited": lambda saved: saved | {"given": "learning_rate"},
-}
-
-
-@pytest.mark.parametrize("edit", EDITS.values(), ids=EDITS)
-def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reused(tmp_path, edit):
-    """A run folder from before args.json recorded the defaults and the flags given, or with an
-    args.json edited out of shape, matches nothing: a new run."""
+def test_a_run_whose_args_json_does_not_say_what_it_was_asked_for_is_never_reused(tmp_path):
+    """A run folder from before args.json recorded the defaults and the flags given matches nothing: a
+    new run."""
     old = write_folder(tmp_path / "runs", "CartPole-v1__exp__1__1", total_timesteps=500, global_step=500)
-    records.write_json(old / "args.json", edit(records.read_json(old / "args.json")))
+    saved = records.read_json(old / "args.json")
+    records.write_json(old / "args.json", {k: v for k, v in saved.items() if k not in ("defaults", "given")})
     run = runs.Run(
         "s.py", "CartPole-v1", 1, "exp", ["--total-timesteps", "1280", "--learning-rate", "0.001"], str(tmp_path)
     )
@@ -250,9 +243,9 @@ def test_a_run_of_other_ranks_or_a_start_that_saved_nothing_is_not_the_run_asked
 
 
 def test_one_writer_per_run_folder(tmp_path):
-    assert records.lock_holder(tmp_path / records.LOCK) is None
+    assert runs.lock_holder(tmp_path / records.LOCK) is None
     records.hold(tmp_path / records.LOCK)
-    assert records.lock_holder(tmp_path / records.LOCK) == os.getpid()
+    assert runs.lock_holder(tmp_path / records.LOCK) == os.getpid()
     with pytest.raises(FlagError, match=rf"{tmp_path} is being written by process {os.getpid()}: a run has one "):
         records.hold(tmp_path / records.LOCK)  # another open file: refused, even in the same process
 
@@ -452,7 +445,7 @@ def test_a_run_has_one_writer_and_a_sweep_its_runs(tmp_path):
     while len(list((tmp_path / "runs").glob("*/checkpoint.pt"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # both runs train, and have saved a checkpoint
     folders = sorted((tmp_path / "runs").glob("tests.envs-SlowStep-v0__ppo_vec__*"))
-    writers = [records.lock_holder(folder / records.LOCK) for folder in folders]
+    writers = [runs.lock_holder(folder / records.LOCK) for folder in folders]
     assert len(folders) == 2 and all(writers), writers
     refused = run_script(VEC, [*TINY, "--env-id", slow, "--resume", folders[0] / "checkpoint.pt"], tmp_path)
     assert refused.returncode == 2 and f"is being written by process {writers[0]}: a run has one writer" in (
@@ -563,7 +556,7 @@ def test_the_report_names_runs_without_an_episode_and_runs_another_sweep_has(tmp
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while records.lock_holder(lock) is None and time.monotonic() < deadline:
+        while runs.lock_holder(lock) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         flags = ["--learning-rate", "1e-3"]
         asked = [runs.Run("s.py", "CartPole-v1", seed, "exp", flags, str(tmp_path)) for seed in (1, 2)]

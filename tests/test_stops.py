@@ -9,12 +9,14 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from common.multiprocessing_env import SubprocVecEnv
 from common.run.stops import Stopped, StopRequest
+from common.vecenv.process_control import STOP_SIGNALS
 from tests.envs import CounterEnv, FaultyEnv
 from tests.helpers import REPO, alive, descendants, start_program
 
@@ -72,20 +74,21 @@ def test_a_stop_ends_the_wait_for_the_workers_to_build():
 
 
 def test_the_forkserver_and_the_workers_leave_stopping_to_the_trainer():
-    """A scheduler signals every process of a job: SIGINT and SIGTERM to every process the vec env
-    started leave them all running, and a worker that dies afterwards is still restarted (through
-    the forkserver)."""
+    """A scheduler signals every process of a job: each stop signal (SIGINT, SIGTERM, Slurm's
+    warnings SIGUSR1 and SIGUSR2, ...) to every process the vec env started leaves them all running,
+    and a worker that dies afterwards is still restarted (through the forkserver)."""
     envs = SubprocVecEnv(
         [functools.partial(FaultyEnv, "sigkill", 3), FaultyEnv], num_workers=2, max_restarts=1, context="forkserver"
     )
     envs.reset(seed=0)
     helpers = descendants()
     assert len(helpers - set(envs.worker_pids)) >= 2  # the forkserver and multiprocessing's resource tracker
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in helpers}
+    for sig in sorted(STOP_SIGNALS):
         for pid in helpers:
             os.kill(pid, sig)
     time.sleep(0.3)
-    assert [pid for pid in helpers if not alive(pid)] == []
+    assert [commands[pid] for pid in helpers if not alive(pid)] == []
     envs.step(np.zeros(2, np.int64))
     envs.step(np.zeros(2, np.int64))
     *_, truncations, _ = envs.step(np.zeros(2, np.int64))  # step 3: worker 0 kills itself, and is rebuilt
@@ -132,7 +135,8 @@ def test_no_signal_handler_of_the_project_raises():
                 handlers.add(ast.unparse(node.args[1]).removeprefix("self."))
             if isinstance(node, ast.FunctionDef):
                 bodies[node.name] = node
-    handlers -= {"signal.SIG_IGN", "signal.SIG_DFL"}
+    # submitit's own handler for Slurm's warning, given USR1 as well as USR2 (it stops, saves, requeues)
+    handlers -= {"signal.SIG_IGN", "signal.SIG_DFL", "signal.getsignal(signal.SIGUSR2)"}
     assert handlers == {"_record", "_forward"}  # StopRequest's and the sweep's Stop's
     for name in handlers:
         assert not [node for node in ast.walk(bodies[name]) if isinstance(node, ast.Raise)], name

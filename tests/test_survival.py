@@ -6,7 +6,6 @@ why with its rank, ranks end with their launcher, and nothing a run started outl
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import platform
 import signal
@@ -333,26 +332,6 @@ def test_a_finished_run_requeued_with_its_resume_command_does_nothing(tmp_path):
     assert out.returncode == 0 and "that run finished its 3 iterations already; nothing to do" in out.stdout
     assert (run_dir / "ppo_vec.cleanrl_model").read_bytes() == model and out.stderr == ""
     assert only_run_dir(tmp_path) == run_dir  # no folder of its own either
-
-
-def test_a_resume_rewrites_records_that_are_not_what_a_run_writes_and_says_so(tmp_path):
-    """args.json holding JSON that is no object, summary.json holding text where numbers were: the
-    resumed run says that args.json is written anew from the checkpoint, counts only its own
-    segment, and ends with true records."""
-    args = [*CARTPOLE, "--total-timesteps", "256"]
-    assert run_script(VEC, args, tmp_path).returncode == 0
-    run_dir = only_run_dir(tmp_path)
-    (run_dir / "args.json").write_text("[1, 2, 3]\n")
-    (run_dir / "summary.json").write_text('{"seconds": "long", "segments": null}\n')
-    out = run_script(VEC, [*CARTPOLE, "--total-timesteps", "512", "--resume", run_dir / "checkpoint.pt"], tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert f"ppo_vec.py: {run_dir / 'args.json'} held no record of flags: written anew from the checkpoint\n" in (
-        out.stdout
-    )
-    saved = json.loads((run_dir / "args.json").read_text())
-    assert saved["total_timesteps"] == 512 and saved["resumes"][0]["from_iteration"] == 2
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "done" and summary["segments"] == 1 and summary["global_step"] == 512
 
 
 def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):

@@ -4,12 +4,13 @@ inputs."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -133,39 +134,27 @@ def test_curves_from_events(tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def test_the_slurm_form_asks_submitit_for_what_the_flags_say(tmp_path, monkeypatch):
-    """No SLURM here: a stand-in srun lets submitit build the job script, which must carry the flags
-    (the array's parallelism is added when the array is submitted) and the USR2 warning that makes a
-    run stop, save and requeue."""
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (tmp_path / "bin" / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    args = argparse.Namespace(
-        cwd=str(tmp_path),
-        executor="slurm",
-        timeout_min=240,
-        jobs=8,
-        cpus_per_task=4,
-        gpus=1,
-        partition="gpu",
-        exp_name="sweep",
-    )
-    executor = runs.submitit_executor(args)
-    script = executor._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
-    for line in ["--partition=gpu", "--time=240", "--cpus-per-task=4", "--gpus-per-node=1", "--signal=USR2@90"]:
-        assert f"#SBATCH {line}\n" in script
-    assert executor._executor.parameters["array_parallelism"] == 8
-
-
-def test_a_requeued_job_stops_its_run_first(tmp_path):
-    """submitit's checkpoint hook (SLURM's warning before preemption or the time limit): the run
-    gets SIGTERM (it saves and exits), and the job comes back with the same run to resume it."""
+def test_a_requeued_job_stops_its_run_first_while_the_job_waits_for_it(tmp_path):
+    """submitit's checkpoint hook (Slurm's warning before a time limit or a preemption) runs in a
+    signal handler while the main thread waits for the run: the run is warned too, saves (here: a
+    second) and exits, and the hook returns once it has, to come back with the same run. A hook that
+    waited through Popen (whose lock the main thread holds) spun for 150 s, then raised."""
     run = runs.Run("ppo_vec.py", "CartPole-v1", 3, "exp", [], str(tmp_path))
     job = runs.RunJob()
-    job.proc = child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    again = job.checkpoint(run)
-    assert child.returncode == -signal.SIGTERM
+    saving = "import signal, sys, time; signal.signal(signal.SIGUSR2, lambda *_: (time.sleep(1), sys.exit(140)))"
+    command = [sys.executable, "-c", f"{saving}; print('ready', flush=True); time.sleep(60)"]
+    job.proc = child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    hooked = []
+    previous = signal.signal(signal.SIGUSR2, lambda *_: hooked.append(job.checkpoint(run)))
+    try:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2)).start()  # submitit's process is warned
+        start = time.monotonic()
+        child.wait(timeout=60)  # the main thread of RunJob._run
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert child.returncode == 140 and time.monotonic() - start < 10  # it saved, and nothing spun
+    (again,) = hooked
     assert job.proc is None and again.args == (run,) and again.function is job
 
 

@@ -12,8 +12,6 @@ import itertools
 import math
 import os
 import sys
-import types
-import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +26,11 @@ from .errors import FlagError
 # made with others
 TOLERATED = frozenset(
     "checkpoint_interval num_workers step_timeout max_restarts num_threads cuda backend device_ids track "
-    "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume".split()
+    "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume run_id".split()
 )
-SCHEDULED = ("anneal_lr",)  # flags that make a run learn by a schedule over its --total-timesteps
-# Flags a resumed run takes from its command line only (a checkpoint never chooses what runs or
-# where it writes)
-COMMAND_LINE_ONLY = ("eval_checkpoint", "capture_video", "track", "wandb_project_name", "wandb_entity")
+# Flags that make a run learn by a schedule over its --total-timesteps: a resume that changes that
+# number says how the schedule moves, and a sweep reuses the run for no other number
+SCHEDULED = ("anneal_lr",)
 
 
 def flag(name: str) -> str:
@@ -64,28 +61,6 @@ def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
     return {spelled[word] for word in words if word in spelled}
 
 
-def misfits(args_type: type, values: dict[str, Any]) -> list[str]:
-    """The fields of `values` (flags read from a file) whose value is not of their Args type."""
-    try:
-        hints = typing.get_type_hints(args_type, include_extras=True)
-    except Exception:  # noqa: BLE001 - annotations that do not resolve: nothing to check them by
-        return []
-    return [name for name, value in values.items() if name in hints and not _fits(value, hints[name])]
-
-
-def _fits(value: Any, kind: Any) -> bool:
-    origin, inner = typing.get_origin(kind), typing.get_args(kind)
-    if origin is typing.Annotated:
-        return _fits(value, inner[0])
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, k) for k in inner)
-    if origin is typing.Literal:
-        return value in inner
-    if origin is list:
-        return isinstance(value, list) and all(_fits(v, inner[0]) for v in value)
-    return type(value) is kind or (kind is float and type(value) is int) or (value is None and kind is type(None))
-
-
 def plain_name(name: str) -> bool:
     """A name that stays one folder inside runs/: not empty, no path separator, not '.' or '..'."""
     return name not in ("", ".", "..") and not any(s in name for s in {"/", "\0", os.sep, os.altsep or "/"})
@@ -95,6 +70,7 @@ def plain_name(name: str) -> bool:
 SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("exp_name", plain_name, "a plain name (no '/', not '.' or '..')"),
     ("exp_name", lambda v: len(v.encode()) <= 200, "at most 200 bytes (it names a folder with the env id)"),
+    ("run_id", lambda v: v is None or plain_name(v) and len(v.encode()) <= 40, "a plain name of at most 40 bytes"),
     ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("num_steps", lambda v: v >= 1, ">= 1"),
     ("num_minibatches", lambda v: v >= 1, ">= 1"),
@@ -130,7 +106,9 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
-    check_installed(args, {"capture_video": "moviepy", "track": "wandb"})
+    for name, package in {"capture_video": "moviepy", "track": "wandb"}.items():
+        if getattr(args, name, False) and importlib.util.find_spec(package) is None:
+            raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
     try:
         if hasattr(args, "num_workers"):
             check_layout(args.num_workers, args.step_timeout, args.max_restarts, spell=flag)
@@ -168,14 +146,6 @@ def check_bool_values(args_type: type, argv: list[str]) -> None:
                 f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
                 f"--no-{name[2:]} to turn it off"
             )
-
-
-def check_installed(args: Any, needs: dict[str, str]) -> None:
-    """FlagError for a flag that is on while the package it needs is missing: needs = {field:
-    package}."""
-    for name, package in needs.items():
-        if getattr(args, name, False) and importlib.util.find_spec(package) is None:
-            raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")
 
 
 def check_env_id(env_id: str) -> None:

@@ -17,11 +17,10 @@ class Progress:
 
     def __init__(self, last_step: int, first_step: int, prints: bool, recent: list, earlier: dict, every=2.0):
         self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
-        self.prints, self.every, self.logged = prints, every, False
+        self.prints, self.every = prints, every
         self.recent_returns = collections.deque(recent, maxlen=20)
         self.start = self.last_print = time.time()
-        # (a summary edited by hand)
-        earlier = {k: v for k, v in earlier.items() if type(v) in (int, float) and 0 <= v < 1e12}
+        self.first_logged: tuple[int, float] | None = None  # the first iteration's end: where the ETA counts from
         self.earlier_seconds = earlier.get("seconds", 0.0)
         self.segments = earlier.get("segments", 1) + 1 if "seconds" in earlier else 1
 
@@ -34,11 +33,15 @@ class Progress:
     def line(self, global_step: int, timings: dict[str, float]) -> str:
         sps, mean = self.sps(global_step), self.mean_return()
         split = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items())
-        eta = hms((self.last_step - global_step) / max(sps, 1))
+        # from the iterations after the first (which pays for start-up): none on the first line
+        step, start = self.first_logged or (global_step, time.time())
+        eta = ""
+        if global_step > step:
+            eta = f" ETA={hms((self.last_step - global_step) * (time.time() - start) / (global_step - step))}"
         return (
             f"global_step={global_step}/{self.last_step} SPS={sps} episodic_return="
             f"{'n/a' if mean is None else f'{mean:.1f}'} (last {len(self.recent_returns)}) elapsed="
-            f"{hms(time.time() - self.start)} ETA={eta} [{split}]"
+            f"{hms(time.time() - self.start)}{eta} [{split}]"
         )
 
     def log(self, writer: Any, global_step: int, episodes: list, restarts: int, timings: dict) -> None:
@@ -53,11 +56,11 @@ class Progress:
         for name, seconds in timings.items():
             writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
-        due = not self.logged or time.time() - self.last_print >= self.every or global_step >= self.last_step
-        self.logged = True
+        due = self.first_logged is None or time.time() - self.last_print >= self.every or global_step >= self.last_step
         if self.prints and due:
             self.last_print = time.time()
             print(self.line(global_step, timings), flush=True)
+        self.first_logged = self.first_logged or (global_step, time.time())
 
     def summary(self) -> dict[str, Any]:
         seconds = self.earlier_seconds + time.time() - self.start
@@ -100,8 +103,7 @@ def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
         wandb.init(project=project, entity=entity, sync_tensorboard=True, config=config, name=run_dir.name)
     from torch.utils.tensorboard import SummaryWriter
 
-    # max_queue: with the default of 10 events pending, add_scalar waits for the writer thread when
-    # full
+    # max_queue: with the default of 10 pending, add_scalar waits for the writer thread
     writer = SummaryWriter(str(run_dir), max_queue=1000, purge_step=first_step + 1 if args.resume else None)
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")

@@ -58,6 +58,9 @@ class RankedRun(Run):
         if self.is_main and self.distributed:
             print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}", flush=True)
 
+    def stop_requested(self) -> bool:
+        return stops.request.signum is not None
+
     def stop_if_asked(self) -> None:
         """Stopped if any rank was asked to stop: every rank calls it at the same points, so every
         rank stops there and none waits in a collective for one that left. The ranks also agree here

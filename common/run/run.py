@@ -11,7 +11,6 @@ import contextlib
 import copy
 import dataclasses
 import os
-import reprlib
 import signal
 import sys
 import time
@@ -44,7 +43,11 @@ class Run:
         self.script = Path(sys.modules[type(args).__module__].__file__).name
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
         self.cores = max(1, process_control.cores() // local_world_size)  # this rank's share
+        self.notes: list[str] = []  # what the start line adds
+        self.where = ""  # the flag that named the checkpoint, and the file: messages start with it
         self.args, self.checkpoint = self._flags(args)
+        if getattr(self.args, "num_threads", 1) is None:  # this rank's share of the cores, kept by a resume
+            self.args.num_threads = self.cores
         envs = "local_num_envs" if hasattr(args, "local_num_envs") else "num_envs"
         flags.check(self.args, flags.batch_rules(self.args, envs, world_size))
         flags.check_env_id(self.args.env_id)  # imports the module of a module:EnvId id
@@ -55,37 +58,38 @@ class Run:
         self.num_iterations = self.steps = 0
         self.start_iteration = 1
         self.last: dict | None = None  # the state of the last boundary kept: what a save writes
-        self.written: dict | None = None  # what this run last wrote to checkpoint.pt
-        self.on_disk: int | None = None  # the iteration checkpoint.pt holds
+        self.last_saved: dict | None = None  # what this run last wrote to checkpoint.pt
+        self.saved_iteration: int | None = None  # the iteration checkpoint.pt holds
         # when the last boundary was kept, and what that took
         self.kept_at, self.keeping = None, 0.0
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume goes on with the
-        run's own (the command line may change those that change nothing learned, and
-        --total-timesteps); --eval-checkpoint evaluates with them (the command line's for those
-        that change nothing)."""
+        """The flags to run with, and the checkpoint they come from: --resume (or --run-id, of a run
+        that saved) goes on with the run's own (the command line may change those that change nothing
+        learned, and --total-timesteps); --eval-checkpoint evaluates with them (the command line's for
+        those that change nothing)."""
         if args.resume is not None and args.eval_checkpoint is not None:
             raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
         path = args.resume if args.resume is not None else args.eval_checkpoint
+        where = self.where = f"{'--resume' if args.resume is not None else '--eval-checkpoint'} {path}"
+        run_id = getattr(args, "run_id", None)
+        found = Path("runs", f"{records.run_name(args)}__{run_id}", "checkpoint.pt")
+        if path is None and run_id is not None and found.exists():  # a requeued job finds its own run
+            path = str(found)
+            where = self.where = f"--run-id {run_id} ({found})"
         if path is None:
             return args, None
-        where = f"{'--resume' if args.resume is not None else '--eval-checkpoint'} {path}"
         checkpoint = records.load_checkpoint(path, where.split()[0], self.script)
         names = [f.name for f in dataclasses.fields(args)]
-        # (flags dropped since: gone)
-        saved_flags = {k: v for k, v in checkpoint["args"].items() if k in names}
-        if wrong := flags.misfits(type(args), saved_flags):
-            listed = ", ".join(f"{name} {reprlib.repr(saved_flags[name])}" for name in wrong)
-            raise FlagError(f"{where} holds flags no run of {self.script} has ({listed}): a file edited since")
-        saved = type(args)(**saved_flags)
-        given = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}
+        # flags an older version had and this one has not are left out
+        saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in names})
+        from_command_line = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}
         module = saved.env_id.rpartition(":")[0]
-        if module and "env_id" not in given:  # a checkpoint never chooses what is imported
+        if module and "env_id" not in from_command_line:  # a checkpoint never chooses what is imported
             env = saved.env_id
             raise FlagError(f"{where} is of --env-id {env}, which imports {module}: give --env-id {env} to import it")
         if args.eval_checkpoint is not None:
-            if args.env_id != saved.env_id and "env_id" in given:
+            if args.env_id != saved.env_id and "env_id" in from_command_line:
                 raise FlagError(
                     f"{where} holds a policy for {saved.env_id}, not --env-id {args.env_id}: drop --env-id (it is "
                     f"evaluated on {saved.env_id})"
@@ -94,13 +98,19 @@ class Run:
                 raise FlagError(f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}")
             tolerated = {name: getattr(args, name) for name in flags.TOLERATED & {*names}}
             return dataclasses.replace(saved, **tolerated), checkpoint
-        if kept := flags.differing(given, dataclasses.asdict(saved)):
-            listed = ", ".join(f"{flags.flag(name)} {was} (not {asked})" for name, (asked, was) in kept.items())
+        if refused := flags.differing(from_command_line, dataclasses.asdict(saved)):
+            listed = ", ".join(f"{flags.flag(name)} {was} (not {asked})" for name, (asked, was) in refused.items())
+            other = "give another --run-id" if where.startswith("--run-id") else "start a new run"
             raise FlagError(
                 f"{where} continues a run trained with {listed}: a run's results come from one set of flags; drop "
-                "those flags, or start a new run"
+                f"those flags, or {other}"
             )
-        return dataclasses.replace(saved, **given | {"resume": path} | own(args)), checkpoint
+        resumed = dataclasses.replace(saved, **from_command_line | {"resume": path})
+        trained_with = getattr(saved, "num_threads", None)
+        if trained_with not in (None, getattr(resumed, "num_threads", None)):  # torch then sums in another order
+            threads = f"--num-threads {resumed.num_threads}, not the {trained_with} it trained with"
+            self.notes.append(f"{threads}: its weights will differ from an unstopped run's")
+        return resumed, checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
         """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and
@@ -113,10 +123,9 @@ class Run:
 
     def load(self, **state: Any) -> None:
         """Puts the state --eval-checkpoint holds into these objects (model=agent, ...)."""
-        where = f"--eval-checkpoint {self.args.eval_checkpoint}"
-        records.check_fields(self.checkpoint, state, where, self.script)
+        records.check_fields(self.checkpoint, state, self.where, self.script)
         for name, obj in state.items():
-            records.load_state(obj, self.checkpoint[name], where)
+            records.load_state(obj, self.checkpoint[name], self.where)
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
@@ -134,9 +143,6 @@ class Run:
             torch.cuda.init()  # (default_generators is empty until then)
             state["torch_cuda_rng"] = torch.cuda.default_generators[torch.cuda.current_device()]
         self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps, state
-        for name, obj in state.items():
-            if not (hasattr(obj, "state_dict") or _per_rank(obj)):
-                raise TypeError(f"run.start(): {name} has no state_dict() and is no random generator")
         earlier = self._resume() if self.args.resume is not None else {}
         if self.is_main and self.args.resume is None:
             self.dir = records.make_run_dir(self.args, steps, self.world_size)
@@ -170,48 +176,37 @@ class Run:
                 self._close(status)
 
     def _resume(self) -> dict:
-        """Puts the checkpoint's state into `state`, holds the run's folder and says there it
+        """Puts the checkpoint's state into `state`, then holds the run's folder and says there it
         runs again; returns its summary so far. FlagError unless the checkpoint holds all of it,
         written with as many ranks; Finished (the summary then says done) if nothing is left to
         do."""
-        checkpoint, path = self.checkpoint, self.args.resume
+        checkpoint, path, where = self.checkpoint, self.args.resume, self.where
         names = [name for name in ("iteration", *self.state) if name not in TORCH_GENERATORS]
-        records.check_fields(checkpoint, names, f"--resume {path}", self.script)
+        records.check_fields(checkpoint, names, where, self.script)
         if (ranks := checkpoint.get("world_size", 1)) != self.world_size:
-            raise FlagError(
-                f"--resume {path} was written with {ranks} ranks; resume it with {ranks}, not {self.world_size}"
-            )
+            raise FlagError(f"{where} was written with {ranks} ranks; resume it with {ranks}, not {self.world_size}")
         done, total, earlier = checkpoint["iteration"], self.args.total_timesteps, {}
         if self.is_main:
             self.dir = Path(path).parent
-            records.hold(self.dir / records.LOCK)
-            ours, earlier = self.dir / "checkpoint.pt", records.read_json(self.dir / "summary.json") or {}
-            self.on_disk = done if _same_file(path, ours) else _iteration_of(ours)
+            earlier = records.read_json(self.dir / "summary.json") or {}
+            self.saved_iteration = _iteration_of(self.dir / "checkpoint.pt")
         if done >= self.num_iterations:
-            if self.is_main and self.on_disk == done and earlier.get("status") != "done":
-                # all trained
+            if self.is_main and self.saved_iteration == done and earlier.get("status") != "done":
+                os.close(records.hold(self.dir / records.LOCK))  # all trained: the summary says done
                 records.write_json(self.dir / "summary.json", {**earlier, "status": "done"})
-            if self.is_main:
                 (self.dir / records.LOCK).unlink()
             asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
             more = "nothing to do (a larger --total-timesteps continues it)"
-            raise Finished(f"--resume {path}: that run finished its {done} iterations already{asked}; {more}")
+            raise Finished(f"{where}: that run finished its {done} iterations already{asked}; {more}")
         for name, obj in self.state.items():
-            # torch's own generators, from a run on another device (or an older version)
-            if name not in checkpoint:
+            if name not in checkpoint:  # torch's own generators, from a run on another device
                 continue
-            if not _per_rank(obj):
-                records.load_state(obj, checkpoint[name], f"--resume {path}")
-                continue
-            try:
-                if isinstance(obj, np.random.Generator):
-                    obj.bit_generator.state = checkpoint[name][self.rank]
-                else:
-                    obj.set_state(checkpoint[name][self.rank])
-            except Exception as exc:  # noqa: BLE001 - a generator's state edited or damaged: one line, whatever it is
-                raise FlagError(
-                    f"--resume {path}: its {name} does not fit this run ({records.one_line(exc)})"
-                ) from None
+            if isinstance(obj, np.random.Generator):
+                obj.bit_generator.state = checkpoint[name][self.rank]
+            elif isinstance(obj, torch.Generator):
+                obj.set_state(checkpoint[name][self.rank])
+            else:
+                records.load_state(obj, checkpoint[name], where)
         self.start_iteration = done + 1
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations and flags.scheduled(vars(self.args)):
@@ -223,11 +218,10 @@ class Run:
             )
         if not self.is_main:
             return {}
-        if (self.dir / "args.json").exists() and records.read_json(self.dir / "args.json") is None:
-            print(f"{self.script}: {self.dir / 'args.json'} held no record of flags: written anew from the checkpoint")
+        records.hold(self.dir / records.LOCK)
         try:
             records.write_args(self.dir, self.args, self.steps, self.world_size, resumed=checkpoint)
-            # (what a kill leaves)
+            # a kill from now on leaves it running, not as it ended before
             records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
         except OSError as exc:
             raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
@@ -244,10 +238,12 @@ class Run:
         envs = self.envs = self._resources.enter_context(SubprocVecEnv(env_fns, **layout, **bounds))
         first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
         saved = (self.checkpoint or {}).get("env_states", [None] * self.world_size)[self.rank]
-        next_obs, why = None, "its envs could not be saved" if saved is None else ""
-        if isinstance(saved, bytes):
+        next_obs, why = None, ""
+        if saved is None:
+            why = "its envs could not be saved: an env class of yours says `pickle_state = True` if its state is data"
+        elif isinstance(saved, bytes):
             why = "an older version pickled its env states: they are not loaded, as no pickle is"
-        elif saved is not None and args.resume is not None:
+        elif args.resume is not None:
             try:
                 next_obs = envs.load_env_states(saved)
             except ValueError as exc:
@@ -259,7 +255,7 @@ class Run:
             line += f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
             line += f"the envs in fresh episodes ({why})" if why else "the envs as they were"
         if self.is_main:
-            print(f"{self.script}: {line}; results in {self.dir}", flush=True)
+            print(f"{self.script}: {'; '.join([line, *self.notes])}; results in {self.dir}", flush=True)
         return envs, next_obs
 
     def iterations(self) -> Iterator[int]:
@@ -274,25 +270,25 @@ class Run:
 
     def _boundary(self, done: int) -> None:
         interval = self.args.checkpoint_interval
-        due = done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0)
-        if not (due or self._keep()):
+        save_due = done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0)
+        if not (save_due or self._keep()):
             return
         started = time.perf_counter()
-        own = {name: _rng_state(obj) for name, obj in self.state.items() if _per_rank(obj)}
-        everyone = self._gather((own, self.envs.save_env_states() if self.envs is not None else None))
+        generators = {name: _rng_state(obj) for name, obj in self.state.items() if _per_rank(obj)}
+        all_ranks = self._gather((generators, self.envs.save_env_states() if self.envs is not None else None))
         if self.is_main:
             self.last = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size}
             self.last |= {"iteration": done, "global_step": done * self.steps}
             self.last |= {
-                "env_states": [envs for _, envs in everyone],
+                "env_states": [envs for _, envs in all_ranks],
                 "recent_returns": [*self.progress.recent_returns],
             }
             for name, obj in self.state.items():
-                self.last[name] = [o[name] for o, _ in everyone] if _per_rank(obj) else _copy(obj.state_dict())
-        # (the first keeping pays for what is done once: the next boundary is kept, and timed, too)
+                self.last[name] = [g[name] for g, _ in all_ranks] if _per_rank(obj) else _copy(obj.state_dict())
+        # The first keeping pays for what is done once, so it is not timed: the next one is
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
-        if self.is_main and due:
+        if self.is_main and save_due:
             self.save()
         if self.is_main and done == self.num_iterations and self.args.save_model:
             # CleanRL's file: the same state
@@ -308,14 +304,11 @@ class Run:
     def save(self, status: str = "running") -> None:
         """Writes the state of the last boundary kept to checkpoint.pt, and summary.json."""
         records.save_checkpoint(self.dir / "checkpoint.pt", self.last)
-        self.written, self.on_disk = self.last, self.last["iteration"]
+        self.last_saved, self.saved_iteration = self.last, self.last["iteration"]
         self._summarize(status)
 
-    def stop_requested(self) -> bool:
-        return stops.request.signum is not None
-
     def stop_if_asked(self) -> None:
-        """A safe point: Stopped if SIGINT or SIGTERM came (the run then saves the last boundary
+        """A safe point: Stopped if a stop signal came (the run then saves the last boundary
         kept)."""
         stops.request.check()
 
@@ -374,7 +367,7 @@ class Run:
         return False
 
     def _save_on_the_way_out(self) -> None:
-        if not self.is_main or self.last is None or self.written is self.last:
+        if not self.is_main or self.last is None or self.last_saved is self.last:
             return
         try:
             self.save("saving")
@@ -385,7 +378,7 @@ class Run:
         on_disk = (self.dir / "checkpoint.pt").exists()
         summary = {"script": self.script, "status": status, **self.progress.summary()}
         summary["checkpoint"] = str(self.dir / "checkpoint.pt") if on_disk else None
-        summary["checkpoint_iteration"] = self.on_disk if on_disk else None
+        summary["checkpoint_iteration"] = self.saved_iteration if on_disk else None
         summary["layout"] = self.envs.layout if self.envs is not None else None
         try:
             records.write_json(self.dir / "summary.json", summary)
@@ -397,11 +390,11 @@ class Run:
         """summary.json, the closing line `cli` prints last, and the folder let go (.lock
         removed). A run stopped while it evaluates its last checkpoint is done: nothing is left
         to train."""
-        trained = self.on_disk == self.num_iterations
-        status = f"done (its evaluation: {status})" if trained and status != "done" else status
-        summary, mean = self._summarize(status.split(" (")[0]), self.progress.mean_return()
+        trained = self.saved_iteration == self.num_iterations
+        shown = f"done (its evaluation: {status})" if trained and status != "done" else status
+        summary, mean = self._summarize("done" if trained else status), self.progress.mean_return()
         line = (
-            f"{self.script}: {status}: {summary['global_step']} of {summary['last_step']} steps in "
+            f"{self.script}: {shown}: {summary['global_step']} of {summary['last_step']} steps in "
             f"{progress.hms(summary['seconds'])} ({summary['sps']} SPS), last-20 return "
             f"{'n/a' if mean is None else f'{mean:.1f}'}; results in {self.dir} (tensorboard "
             f"--logdir {self.dir.parent})"
@@ -410,14 +403,14 @@ class Run:
             again = "python" if trained or self.world_size == 1 else "torchrun <the same torchrun options>"
             how, flag = ("evaluate with", "--eval-checkpoint") if trained else ("continue with", "--resume")
             line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
-        # (held still: let go as the process ends)
-        (self.dir / records.LOCK).unlink(missing_ok=True)
-        _closing_lines.append((line, status != "done"))
+            line += f" --env-id {self.args.env_id}" if ":" in self.args.env_id else ""  # it imports the module
+        (self.dir / records.LOCK).unlink(missing_ok=True)  # the lock itself ends with the process
+        _closing_lines.append((line, shown != "done"))
 
     @classmethod
     def cli(cls, main: Callable[[Any], Any], args_type: type, doc: str) -> None:
         """Parses args_type from the command line (--help opens with the first two paragraphs of
-        `doc`), runs main(args) with SIGINT and SIGTERM as stop requests, and exits with the
+        `doc`), runs main(args) with stop signals (stops.py) as stop requests, and exits with the
         status its outcome calls for, after the closing line. Under torchrun every failing rank
         says why, with its rank; rank 0 alone says a stop."""
         import tyro
@@ -469,12 +462,6 @@ class Run:
         close(0)
 
 
-def own(args: Any) -> dict[str, Any]:
-    """The flags a run takes from its command line only, never from a checkpoint: what it
-    evaluates, and whatever writes outside its folder or reaches out (videos, wandb)."""
-    return {name: getattr(args, name) for name in flags.COMMAND_LINE_ONLY if hasattr(args, name)}
-
-
 def _per_rank(obj: Any) -> bool:
     """A random generator: each rank has its own."""
     return isinstance(obj, (np.random.Generator, torch.Generator))
@@ -493,12 +480,6 @@ def _copy(state: Any) -> Any:
         copied = {key: _copy(value) for key, value in (state.items() if isinstance(state, dict) else enumerate(state))}
         return copied if isinstance(state, dict) else type(state)(copied.values())
     return copy.deepcopy(state)
-
-
-def _same_file(path: str, other: Path) -> bool:
-    with contextlib.suppress(OSError):
-        return os.path.samefile(path, other)
-    return False
 
 
 def _iteration_of(path: Path) -> int | None:

@@ -1,15 +1,9 @@
-"""Stops: SIGINT and SIGTERM are requests the run honours at safe points, never exceptions thrown
-into library code.
-
-A signal handler runs at whatever bytecode the main thread is at, inside any library (TensorBoard's
-writer queue, torch, pickle), and an exception raised there can leave that library's threads waiting
-forever. So the handler only records the request; the loop checks it at safe points (`check`), every
-wait of the trainer wakes on it (`fileno`), and the run ends through its one ending path. A thread
-sees each signal as it arrives (signal.set_wakeup_fd), even while the main thread is stuck in C
-code. It bounds the stop: past STOP_WITHIN seconds (env code in the trainer that never returns) it
-ends the process, and a second Ctrl-C ends it at once, unless it comes within SAME_STOP seconds of
-the first (a launcher forwarding the terminal's Ctrl-C, as torchrun's does). More SIGTERMs are the
-same stop.
+"""Stops: the stop signals (process_control.STOP_SIGNALS) are requests the run honours at safe
+points, never exceptions thrown into library code (docs/runs.md). The handler only records the
+request; the loop checks it at safe points (`check`) and every wait of the trainer wakes on it
+(`fileno`). A thread sees each signal as it arrives (signal.set_wakeup_fd) and bounds the stop: past
+STOP_WITHIN seconds it ends the process, as a second Ctrl-C does unless it comes within SAME_STOP
+seconds of the first (a launcher forwarding it).
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ SAME_STOP = 1.0
 
 
 class Stopped(KeyboardInterrupt):
-    """Raised at a safe point once SIGINT or SIGTERM was received (`signum` says which)."""
+    """Raised at a safe point once a stop signal was received (`signum` says which)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -39,9 +33,9 @@ class Stopped(KeyboardInterrupt):
 
 class StopRequest:
     """This process's stop request: `signum` (None until a stop signal arrives), `check()` at safe
-    points, `fileno()` for waits to wake on. `install()` (main thread) makes SIGINT and SIGTERM
-    requests. With `at_once` set, a stop ends the process at once (a wait in C code no signal
-    interrupts, before there is anything to save)."""
+    points, `fileno()` for waits to wake on. `install()` (main thread) makes the stop signals
+    requests (but SIGHUP where nohup ignores it). With `at_once` set, a stop ends the process at
+    once (a wait in C code no signal interrupts, before there is anything to save)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -54,7 +48,7 @@ class StopRequest:
         os.set_blocking(signals_w, False)
         # the C handler writes each signal's number
         signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
-        for signum in STOP_SIGNALS:
+        for signum in STOP_SIGNALS - ({signal.SIGHUP} if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else set()):
             signal.signal(signum, self._record)
         threading.Thread(target=self._watch, args=(signals_r,), name="stop-watch", daemon=True).start()
 
@@ -64,8 +58,7 @@ class StopRequest:
             signal.signal(signum, signal.SIG_IGN)
 
     def _record(self, signum: int, frame: object) -> None:
-        """The handler: notes the request and returns (the thread wakes the waits and bounds the
-        stop)."""
+        """The handler: notes the request (the thread wakes the waits and bounds the stop)."""
         if self.signum is None:
             self.signum = signum
 

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     needs = {"submitit": args.executor != "local", "matplotlib": args.report or args.report_only}
     for package in [package for package, needed in needs.items() if needed and not find_spec(package)]:
         parser.error(f"{package} is not installed: pip install {package} (or the project's [sweep] extra)")
+    if args.report is not None and args.report.exists() and not args.report.is_dir():
+        parser.error(f"--report {args.report}: a file of that name is in the way (the report is a folder)")
     try:
         chosen = seeds(args.seeds)
     except ValueError as exc:
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args.cwd = str(Path.cwd())
     runs = [
         Run(str(Path(args.script).resolve()), env_id, seed, args.exp_name, flags, args.cwd)
-        for env_id in args.env_ids
-        for seed in chosen
+        for env_id in dict.fromkeys(args.env_ids)  # each run once, however often it is named
+        for seed in dict.fromkeys(chosen)
     ]
     status = 0
     if not args.report_only:

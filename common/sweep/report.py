@@ -10,22 +10,22 @@ from typing import Any
 
 from ..run import records
 from ..run.flags import TOLERATED, flag
-from .runs import Run, asked_of, ends_at, number
+from .runs import Run, asked_of, ends_at, lock_holder, number, read_args
 
 
 def judge(run: Run) -> tuple[Path | None, str | None]:
     """The run's folder, and why it cannot be averaged (None if it can): missing, running,
     unfinished, unreadable, or without a finished episode."""
     folder, made = run.folder(), run.folders()
-    sweep = records.lock_holder(Path(run.cwd, "runs", "sweep", f"{run.key}.lock"))
+    sweep = lock_holder(Path(run.cwd, "runs", "sweep", f"{run.key}.lock"))
     if sweep is not None and sweep != os.getpid():
         return folder, f"being run by another sweep (process {sweep})"
     if folder is None:
         return None, f"missing; {run.unlike(made[-1])}" if made else "missing"
-    if records.lock_holder(folder / records.LOCK) is not None:
+    if lock_holder(folder / records.LOCK) is not None:
         return folder, f"still running ({folder.name})"
     summary = records.read_json(folder / "summary.json") or {}
-    step, saved = number(summary.get("global_step")), records.read_args(folder / "args.json") or {}
+    step, saved = number(summary.get("global_step")), read_args(folder / "args.json") or {}
     last = ends_at(number(run.asked(saved).get("total_timesteps")), saved) or math.inf
     if summary.get("status") != "done" or step < last:
         status = summary.get("status", "no summary")

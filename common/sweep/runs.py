@@ -5,10 +5,12 @@ the engines that run the runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -20,6 +22,31 @@ from typing import Any
 
 from ..run import flags, records
 from ..run.flags import flag
+from ..vecenv.process_control import STOP_SIGNALS
+
+
+def lock_holder(lock: Path) -> int | None:
+    """The pid of the live process that holds the lock file `lock` (-1: one that wrote no pid),
+    or None."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        pid = os.read(fd, 32).split()[:1]
+        return int(pid[0]) if pid and pid[0].isdigit() else -1
+    finally:
+        os.close(fd)
+
+
+def read_args(path: Path) -> dict[str, Any] | None:
+    """args.json as runs write it (what it was asked for: defaults and given; each resume and the
+    flags it changed), or None (missing, unreadable, or of an older version)."""
+    record = records.read_json(path)
+    return record if record and isinstance(record.get("defaults"), dict) and "given" in record else None
 
 
 @dataclasses.dataclass
@@ -66,7 +93,7 @@ class Run:
         """{field: (value asked, value the run in `folder` was made with)} for the flags that change
         results, its --total-timesteps included where it keeps that run from becoming the one asked
         (other_length)."""
-        saved = records.read_args(folder / "args.json")
+        saved = read_args(folder / "args.json")
         if saved is None:  # none, one of an older version, or one edited out of shape
             return {"args.json": (None, None)}
         asked = self.asked(saved)
@@ -101,11 +128,7 @@ class Run:
         """True for a folder nobody writes whose start was stopped before it trained (a sweep killed
         in its first seconds): no checkpoint, and step 0 in summary.json (no summary.json: no events
         either). The run starts anew without it."""
-        if (
-            folder is None
-            or (folder / "checkpoint.pt").exists()
-            or records.lock_holder(folder / records.LOCK) is not None
-        ):
+        if folder is None or (folder / "checkpoint.pt").exists() or lock_holder(folder / records.LOCK) is not None:
             return False
         summary = records.read_json(folder / "summary.json")
         return summary.get("global_step") == 0 if summary else not any(folder.glob("events.*"))
@@ -128,14 +151,14 @@ class Run:
         if folder is None:
             other = self.folders()
             return cmd, f"start (a new run: {self.unlike(other[-1])})" if other else "start"
-        pid = records.lock_holder(folder / records.LOCK)
+        pid = lock_holder(folder / records.LOCK)
         if pid is not None:
             return [], f"running in process {pid}: skipped"
         if self.untrained(folder):
             return cmd, f"start (its earlier start, {folder.name}, trained nothing: removed)"
         if not (folder / "checkpoint.pt").exists():
             return cmd, "start (a new run: its earlier start logged but saved nothing)"
-        summary, saved = (records.read_json(folder / "summary.json") or {}, records.read_args(folder / "args.json"))
+        summary, saved = (records.read_json(folder / "summary.json") or {}, read_args(folder / "args.json"))
         total, reached = self.asked(saved).get("total_timesteps"), number(summary.get("global_step"))
         resume = [*cmd, "--resume", str(folder / "checkpoint.pt")]
         if summary.get("status") != "done":
@@ -235,15 +258,16 @@ def _value(values: list[str], default: Any) -> Any:
 
 
 class Stop:
-    """The sweep's stop: SIGINT or SIGTERM, passed on to the runs under way (which save and end),
-    and no new run started after it. The handler records and forwards; it raises nothing."""
+    """The sweep's stop: a stop signal (SIGINT, SIGTERM, a scheduler's warning: the scripts' own),
+    passed on to the runs under way (which save and end), and no new run started after it. The
+    handler records and forwards; it raises nothing."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.procs: set[subprocess.Popen] = set()
 
     def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self._forward)
 
     def _forward(self, signum: int, frame: Any) -> None:
@@ -265,9 +289,14 @@ WAIT = 150.0
 
 class RunJob:
     """Runs one Run to its end, its output in <cwd>/runs/sweep/<run>.log, holding
-    <cwd>/runs/sweep/<run>.lock meanwhile, so that two sweeps never run it twice. Under submitit it
-    is Checkpointable: when SLURM preempts the job or its time runs out, the run is stopped (it
-    saves) and the job requeues itself to resume it."""
+    <cwd>/runs/sweep/<run>.lock meanwhile, so that two sweeps never run it twice.
+
+    Under submitit on Slurm each slice of the job says in submitit's log (runs/submitit/<job>/) what
+    it does and how it ended. Slurm's warning before a time limit or a preemption (USR2, which
+    submitit asks for, or USR1) stops the run, which saves, and the job requeues itself to resume it,
+    as many times as the run needs. A SIGTERM (Slurm requeues, preempts or cancels the job) stops
+    the run too, and the slice ends without a result: a job Slurm requeues resumes the run, and a
+    sweep run again resumes one it cancelled."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -276,9 +305,12 @@ class RunJob:
         outcome = {"run": run.label, "did": "not started: the sweep was stopped", "exit": None}
         if STOP.signum is not None:
             return outcome | {"folder": None, "summary": None}
+        slurm = "SUBMITIT_FOLDER" in os.environ and "SLURM_JOB_ID" in os.environ
+        if slurm:  # a warning by either signal: submitit's handler checkpoints and requeues
+            signal.signal(signal.SIGUSR1, signal.getsignal(signal.SIGUSR2))
         lock = Path(run.cwd, "runs", "sweep", run.key + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+") as held:
+        with open(lock, "a+") as held:
             try:
                 fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -299,17 +331,27 @@ class RunJob:
                 cmd, outcome["did"] = run.command()
             if cmd and run.untrained(stale := run.folder()):
                 shutil.rmtree(stale)  # the run starts in a folder of its own: one folder per run
+            if slurm:
+                slice_of = (
+                    f"slice {int(os.environ.get('SLURM_RESTART_COUNT', 0)) + 1} of job {os.environ['SLURM_JOB_ID']}"
+                )
+                print(f"{run.label}: {outcome['did']} ({slice_of})", flush=True)
             if cmd:
                 outcome["exit"] = self._run(run, cmd)
         folder = run.folder()
         summary = records.read_json(folder / "summary.json") if folder else None
+        if slurm:
+            print(f"{run.label}: {ended(summary)}", flush=True)
+            if (summary or {}).get("status", "").startswith("stopped by"):  # Slurm ends this slice: no result
+                print(f"{run.label}: this slice ends here; a requeued job resumes the run", flush=True)
+                os._exit(outcome["exit"] or 1)
         return outcome | {"folder": str(folder) if folder else None, "summary": summary}
 
     def _run(self, run: Run, cmd: list[str]) -> int:
         log = Path(run.cwd, "runs", "sweep", f"{run.key}.log")
         # the run stops when the sweep dies
         env = dict(os.environ, **{records.END_WITH_PARENT: str(os.getpid())})
-        with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a") as out:
+        with open(log, "a") as out:
             self.proc = subprocess.Popen(cmd, cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
             STOP.started(self.proc)
             code = self.proc.wait()
@@ -318,18 +360,33 @@ class RunJob:
         return code
 
     def checkpoint(self, run: Run) -> Any:
-        """submitit's hook before a requeue: stop the run (it saves), then come back to resume
-        it."""
+        """submitit's hook when Slurm warns of a time limit or a preemption: the run (which Slurm
+        warned too; submitit-local warns only this process) stops and saves, then the job comes back
+        to resume it. It runs in a signal handler while the main thread waits for the run, so the
+        run's end is awaited on its pidfd, never through Popen's lock."""
         import submitit
 
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=150)  # the scripts bound their own stop path at 120 s
-        self.proc = None
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                exited = os.pidfd_open(proc.pid)
+                proc.send_signal(signal.SIGUSR2)
+                select.select([exited], [], [], WAIT)  # the scripts bound their own stop path at 120 s
+                os.close(exited)
+        folder = run.folder()
+        print(f"{run.label}: {ended(records.read_json(folder / 'summary.json') if folder else None)}; requeued")
         return submitit.helpers.DelayedSubmission(self, run)
 
     def __getstate__(self) -> dict:
         return {"proc": None}
+
+
+def ended(summary: dict | None) -> str:
+    """How a run's summary says it ended: "stopped by SIGUSR2, saved at iteration 40"."""
+    if summary is None:
+        return "no summary: it never started"
+    saved = summary.get("checkpoint_iteration")
+    return f"{summary.get('status')}, {'nothing saved' if saved is None else f'saved at iteration {saved}'}"
 
 
 def submitit_executor(args: argparse.Namespace) -> Any:
@@ -343,6 +400,7 @@ def submitit_executor(args: argparse.Namespace) -> Any:
         return executor
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     params = {
+        "slurm_max_num_timeout": 1_000_000,  # a job comes back as many times as its run needs
         "timeout_min": args.timeout_min,
         "slurm_array_parallelism": args.jobs,
         "slurm_partition": args.partition,

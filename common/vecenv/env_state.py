@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
 import functools
 import types
 from typing import Any
@@ -32,7 +31,7 @@ from gymnasium.envs.registration import EnvSpec
 SAFE_MODULES = ("gymnasium.", "ale_py.", __package__.rpartition(".")[0] + ".")
 CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 REBUILT = (gym.Env, gym.Space, EnvSpec, types.ModuleType, *CODE)  # what make_env builds again
-# Constants of what make_env built (a file never sets them: a frame skip of 2**31 would hang a step)
+# Constants of what make_env built, or objects it rebuilds: not state
 NOT_TAKEN = {"_saved_kwargs", "_ezpickle_args", "_ezpickle_kwargs", "spec", "metadata", "_action_set", "render_mode"}
 NOT_TAKEN |= {"frame_skip", "_frameskip", "noop_max", "action_set", "screen", "clock", "mujoco_renderer"}
 RAW = (type(None), bool, int, float, str)
@@ -63,26 +62,17 @@ def take(env: gym.Env) -> dict | None:
         return None
 
 
-def put(env: gym.Env, state: Any, checked: bool = False) -> None:
+def put(env: gym.Env, state: Any) -> None:
     """Sets a state `take` gave onto an env the same make_env built; ValueError (or another
-    exception of decoding) if it does not fit, checked before anything is set (the kinds of its
-    values, unless they were `checked` by a put onto this env a moment ago)."""
+    exception of decoding) if it does not fit, found before anything is set."""
     layers = chain(env)[::-1]
     classes = [type(e).__qualname__ for e in layers]
     if state["classes"] != classes:
         raise ValueError(f"it was taken from {' < '.join(state['classes'])}, these are {' < '.join(classes)}")
     seen: list = []
-    plan = [(e, _unfields(e, fields, seen, checked)) for e, fields in zip(layers, state["layers"], strict=True)]
+    plan = [(e, _unfields(e, fields, seen)) for e, fields in zip(layers, state["layers"], strict=True)]
     for obj, values in plan:
         _assign(obj, values)
-
-
-def trial_action(space: gym.Space) -> Any:
-    """An action of `space` for a trial step, drawn from a copy of it (the space's own generator
-    is left as it was)."""
-    trial = copy.deepcopy(space)
-    trial.seed(0)
-    return trial.sample()
 
 
 def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
@@ -127,8 +117,6 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     seen = [] if seen is None else seen
     if type(data) in (*RAW, bytes):
         return data
-    if not (isinstance(data, tuple) and data and isinstance(data[0], str)):
-        raise ValueError(f"{type(data).__name__} is not a value a state holds")
     kind, *rest = data
     if kind == "bytes":
         return b""
@@ -139,8 +127,6 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     seen.append(None)
     if kind in ("array", "scalar"):
         dtype, shape, raw = rest
-        if np.dtype(dtype).hasobject:
-            raise ValueError("an array of objects")
         array = np.frombuffer(raw or b"", dtype=np.dtype(dtype)).reshape(shape).copy()
         result = array if kind == "array" else array[()]
     elif kind == "rng":
@@ -225,39 +211,9 @@ def _fields(obj: Any, seen: dict[int, tuple]) -> list:
     ]
 
 
-def _unfields(obj: Any, fields: list, seen: list, checked: bool = False) -> dict[str, Any]:
-    """The values `fields` gives obj's attributes, each one `take` keeps and of the kind obj holds
-    now: where it holds None or nothing yet (Pendulum's state comes with its first reset) any value
-    but a string; an array of its dtype and shape (C code may write into it); ValueError for any
-    other."""
-    values = {}
-    for name, data in fields:
-        if not (type(name) is str and name.isidentifier() and not name.startswith("__")):
-            raise ValueError(f"{name!r} is not an attribute's name")
-        current = vars(obj).get(name, getattr(type(obj), name, None))
-        if name in NOT_TAKEN or _rebuilt(current):
-            raise ValueError(f"{type(obj).__name__}.{name} is not state: make_env sets it")
-        values[name] = new = decoded(data, current, seen)
-        # (where it holds None or nothing yet: any value but a string, as where a number was to come)
-        if not (checked or new is KEEP or _kind(new) == _kind(current) or current is None and not isinstance(new, str)):
-            raise ValueError(f"{type(obj).__name__}.{name} holds {_said(current)}, not {_said(new)}")
-    return values
-
-
-def _kind(value: Any) -> Any:
-    """What a value is, for an attribute to change it only for a value of its kind: numbers are
-    one kind, an array's kind is its dtype and shape."""
-    if isinstance(value, _InPlace):
-        return _kind(value.current)
-    if isinstance(value, np.ndarray):
-        return (np.ndarray, value.dtype, value.shape)
-    return (int, float) if isinstance(value, (int, float, np.number, np.bool_)) else type(value)
-
-
-def _said(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"a {value.dtype} array of shape {value.shape}"
-    return f"a {type(value.current if isinstance(value, _InPlace) else value).__name__}"
+def _unfields(obj: Any, fields: list, seen: list) -> dict[str, Any]:
+    """The values `fields` gives obj's attributes."""
+    return {name: decoded(data, vars(obj).get(name, getattr(type(obj), name, None)), seen) for name, data in fields}
 
 
 def _rebuilt(value: Any) -> bool:

@@ -14,6 +14,7 @@ report why).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
@@ -35,7 +36,7 @@ import numpy as np
 from .env_state import chain
 from .errors import WorkerTimeout, error_report
 from .messages import Channel
-from .process_control import plural, stop_signals_blocked
+from .process_control import STOP_SIGNALS, plural, stop_signals_blocked
 
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
 ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units
@@ -50,8 +51,8 @@ PROBE_START = 60.0
 _ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
 _BOOT = f"""
 import signal
-for signum in (signal.SIGINT, signal.SIGTERM): signal.signal(signum, signal.SIG_IGN)
-signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+for signum in {sorted(map(int, STOP_SIGNALS))}: signal.signal(signum, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {sorted(map(int, STOP_SIGNALS))})
 import pickle, sys
 data = pickle.load(sys.stdin.buffer)
 sys.path[:] = data['path']
@@ -88,10 +89,6 @@ def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, pr
     if failure is not None:
         basis["why"] = f"the probe env failed ({failure}); {basis['why']}"
     return workers, basis
-
-
-def trusted(env: gym.Env, modules: tuple[str, ...] = TRUSTED) -> bool:
-    return all(type(e).__module__.startswith(modules) for e in chain(env))
 
 
 def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: Any = None, check_api=False):
@@ -139,14 +136,10 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
     finally:
         conn.close()
         errors.close()
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # the probe and every process its env started
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str):
@@ -204,9 +197,9 @@ def probe_main(data: dict) -> None:
         env_fn = cloudpickle.loads(data["env_fn"])
         conn.send(pickle.dumps(("ready", None)))
         env = env_fn()
-        origin = [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]
-        made = {"spaces": (env.observation_space, env.action_space), "trusted": trusted(env, data["trusted"])}
-        made["origin"] = origin
+        made = {"spaces": (env.observation_space, env.action_space)}
+        made["origin"] = [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]
+        made["trusted"] = all(type(e).__module__.startswith(data["trusted"]) for e in chain(env))
         if data["check_api"]:
             phase = "reset"
             old = _old_api(env)

@@ -73,7 +73,7 @@ class InProcessPool:
             try:
                 self.replies[w] = self.group.run(command, arg)
             except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be
-                report = error_report(self.group.current, command.label, exc)
+                report = error_report(self.group.current, command.name.lower(), exc)
                 failures[w] = remote_error(report, "in this process")
         return failures
 
@@ -181,7 +181,7 @@ class WorkerPool:
             self.conns[w].send(encode(command, arg))
         except OSError:
             pass  # a dead worker: its process fd is readable, and collect reports it
-        self.pending[w] = command.label
+        self.pending[w] = command.name.lower()
 
     def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
         """poll() until something is ready or the deadline passes, first without sleeping for up to

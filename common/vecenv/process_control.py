@@ -15,7 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# What ends a job: Ctrl-C, a scheduler's stop (SIGTERM) and its time-limit or preemption warnings
+# (Slurm's --signal, submitit's USR2), a closed terminal, a CPU-time limit. The trainer makes each a
+# stop request; every process the vec env starts leaves them to it.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU}
 
 # Loaded once in the forkserver when the trainer has them: workers fork with them instead of
 # importing them anew (CPython's forkserver never preloads the main script by itself, and a script
@@ -36,12 +39,13 @@ def get_context(context: str) -> Any:
 
 
 def start_helpers(context: str) -> None:
-    """Starts multiprocessing's resource tracker and forkserver before the first worker, with SIGINT
-    and SIGTERM held back: a scheduler signals every process of a job, and a forkserver it killed
+    """Starts multiprocessing's resource tracker and forkserver before the first worker, with the
+    stop signals held back: a scheduler signals every process of a job, and a forkserver it killed
     would fail the next restart."""
     from multiprocessing import forkserver, resource_tracker
 
-    resource_tracker.ensure_running()  # (it ignores both signals itself)
+    with stop_signals_blocked():
+        resource_tracker.ensure_running()  # it unblocks SIGINT and SIGTERM here once it has started
     if context == "forkserver":
         with stop_signals_blocked():
             forkserver.ensure_running()
@@ -49,7 +53,7 @@ def start_helpers(context: str) -> None:
 
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """SIGINT and SIGTERM held back in this thread, and in any process it starts until that process
+    """The stop signals held back in this thread, and in any process it starts until that process
     ignores them."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
@@ -115,13 +119,11 @@ def unguarded_main() -> str:
         guarded = re.search(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", Path(path).read_text(), re.M)
     except (OSError, TypeError):
         return ""
+    if guarded:
+        return ""
     return (
-        ""
-        if guarded
-        else (
-            f'; {path} has no `if __name__ == "__main__":` and worker processes start by importing it: put '
-            "the code that builds the envs under that line (docs/vecenv.md)"
-        )
+        f'; {path} has no `if __name__ == "__main__":` and worker processes start by importing it: put '
+        "the code that builds the envs under that line (docs/vecenv.md)"
     )
 
 

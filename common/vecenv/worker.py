@@ -54,10 +54,6 @@ class Command(enum.Enum):
     LOAD_STATES = b"l"
     CLOSE = b"x"
 
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
 
 class Reply:
     """The first byte of a worker's answer."""
@@ -70,11 +66,8 @@ def encode(command: Command, arg: Any = None) -> bytes:
 
 
 def decode(msg: bytes) -> tuple[Command, Any]:
-    try:
-        command = Command(msg[:1])
-    except ValueError:
-        raise ValueError(f"unknown command byte {msg[:1]!r} (a protocol fault between trainer and worker)") from None
-    return command, pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
+    """ValueError for an unknown command byte."""
+    return Command(msg[:1]), pickle.loads(memoryview(msg)[1:]) if len(msg) > 1 else None
 
 
 def describe(envs: list[gym.Env]) -> tuple:
@@ -99,19 +92,10 @@ class EnvGroup:
         self.obs_view = views["obs"] if obs_in_shm else None
         # array actions: the block is overwritten next step
         self.copy_actions = views["actions"].ndim > 1
-        self.handlers = {
-            Command.STEP: self.step,
-            Command.RESET: self.reset,
-            Command.CALL: self.call,
-            Command.SET_ATTR: self.set_attr,
-            Command.SAVE_STATES: self.save_states,
-            Command.LOAD_STATES: self.load_states,
-        }
 
     def run(self, command: Command, arg: Any) -> Any:
-        if command not in self.handlers:
-            raise ValueError(f"an env group cannot run {command}")
-        return self.handlers[command](arg)
+        """The method named for the command (STEP: step, ...); AttributeError for ATTACH or CLOSE."""
+        return getattr(self, command.name.lower())(arg)
 
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
         if self.obs_view is None:
@@ -179,25 +163,15 @@ class EnvGroup:
         return states
 
     def load_states(self, states: list) -> list[str | None]:
-        """Each env's state set onto it, tried by a step and set again (values a file holds may
-        still be none this env can step from); for one that does not fit or fails its step, why
-        (that env's attributes as make_env built them)."""
+        """Each env's state set onto it; for one that does not fit, why (that env then as it was)."""
         reasons = []
         for k, state in enumerate(states):
-            self.current, env, built = k, self.envs[k], None
+            self.current = k
             try:
-                built = env_state.take(env)
-                env_state.put(env, state)
-                try:
-                    env.step(env_state.trial_action(env.action_space))
-                except Exception as exc:  # noqa: BLE001 - the env's own error, whatever it is
-                    raise ValueError(f"a step from it fails ({type(exc).__name__}: {exc})") from None
-                env_state.put(env, state, checked=True)
+                env_state.put(self.envs[k], state)
                 reasons.append(None)
             except Exception as exc:  # noqa: BLE001 - data that does not fit this env, said in a line
                 reasons.append(f"{type(exc).__name__}: {exc}"[:300])
-                with contextlib.suppress(Exception):
-                    env_state.put(env, built, checked=True)
         return reasons
 
 
@@ -274,7 +248,7 @@ def worker_main(
         while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
-            doing, window = command.label, spin_window(spin, time.perf_counter() - answered)
+            doing, window = command.name.lower(), spin_window(spin, time.perf_counter() - answered)
             if command is not Command.CLOSE:
                 reply = group.run(command, arg)
                 conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))

@@ -10,8 +10,6 @@ results. Its parts are in vecenv/ (vecenv/worker.py: the protocol, and the life 
 from __future__ import annotations
 
 import logging
-import math
-import multiprocessing as mp
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,21 +22,19 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from .vecenv import env_state, layout, process_control, shared_block
-from .vecenv.errors import WorkerError, WorkerTimeout, first_failure
+from .vecenv.errors import WorkerError, WorkerTimeout, check_arguments, check_reset_mask, first_failure
 from .vecenv.pools import InProcessPool, WorkerPool
 from .vecenv.worker import Command
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout"]
 
 _log = logging.getLogger(__name__)
-# seconds a worker polls for its next command while commands come within it (worker_spin)
-DEFAULT_SPIN = 0.02
+DEFAULT_SPIN = 0.02  # worker_spin's default: seconds a worker polls for its next command
 
 
 class SubprocVecEnv(VectorEnv):
     """A finished env is reset within the step, its last observation and info in infos["final_obs"]
-    and infos["final_info"]. Observations, actions, rewards and flags live in one shared-memory
-    block the workers write in place; the pipe carries a command byte and a reply byte, and infos. A
+    and infos["final_info"]. Observations, actions, rewards and flags live in shared memory. A
     failure in a worker (an exception, a crash, a kill) is a WorkerError naming the env, the command
     and the remote traceback; every wait on a worker is bounded (a WorkerTimeout past it). Workers
     and what their envs start end soon after the trainer dies, SIGKILL included.
@@ -48,24 +44,21 @@ class SubprocVecEnv(VectorEnv):
         num_workers: worker processes, each stepping an equal share of the envs; 0: every env in
             this process; None: decided by a probe process (`layout` says where and why): this
             process only for gymnasium's own pure-Python envs too cheap to gain from workers.
-        context: multiprocessing start method: "forkserver" (default where available), "spawn",
-            "fork".
-        shared_memory: keep observations in shared memory (spaces that cannot live there go over the
-            pipe anyway).
-        max_restarts: times a crashed, raising or stuck worker may be replaced (its envs' episodes
-            end truncated).
+        context: the start method: "forkserver" (default where available), "spawn", "fork".
+        shared_memory: keep observations in shared memory where their space allows.
+        max_restarts: times a failed or stuck worker may be replaced (its envs' episodes truncated).
         step_timeout: seconds a step may take before its worker counts as stuck; it then bounds
             every wait on a worker. With it or max_restarts, the envs step in workers.
-        max_wait: the bound on every wait on a worker when step_timeout is None (long enough for a
-            slow simulator).
+        max_wait: the bound on every wait on a worker when step_timeout is None.
         close_timeout: seconds `close()` waits for workers to exit before killing them.
-        worker_spin: the longest a worker polls for its next command before it sleeps: while
-            commands come within it (a rollout) it stays on its CPU, caches warm. None: 20 ms, or 0
-            when workers outnumber cores.
+        worker_spin: seconds a worker polls for its next command before it sleeps, staying on its
+            CPU with caches warm through a rollout. None: 20 ms, or 0 when workers outnumber cores.
         interrupt: its `fileno()` turns readable when every wait should end, and its `check()` then
-            raises (the scripts pass their stop request); the call stays pending, and close() still
-            ends the workers.
+            raises, the call still pending (the scripts pass their stop request).
         probe: what vecenv.layout.probe found of env_fns[-1], if the caller probed it already.
+
+    Raises:
+        ValueError: an argument that cannot work. WorkerError, WorkerTimeout: an env failed to build.
     """
 
     def __init__(
@@ -89,7 +82,6 @@ class SubprocVecEnv(VectorEnv):
         check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds)
         self.num_envs = n = len(env_fns)
         self.max_restarts, self.restarts, self.close_timeout = max_restarts, 0, close_timeout
-        # of every wait on a worker
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
         self._failed: WorkerError | None = None  # an earlier failure leaves this vec env unusable
@@ -99,7 +91,6 @@ class SubprocVecEnv(VectorEnv):
         self._last_obs: Any = None
 
         cores = process_control.cores()
-        # (steps bounded or restarted: in workers)
         bounded = step_timeout is not None or max_restarts > 0
         probing = {"bound": self._bound, "interrupt": interrupt}
         workers, basis = layout.choose(env_fns, num_workers, bounded, cores, probe, **probing)
@@ -107,12 +98,10 @@ class SubprocVecEnv(VectorEnv):
         slices = [slice(lo, min(lo + per_worker, n)) for lo in range(0, n, per_worker)]
         self.num_workers = len(slices) if workers else 0
         spin = (DEFAULT_SPIN if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
-        self.worker_spin = spin if workers else 0.0  # (a polling worker would take a busy core)
-        # the probe's CPU seconds for a step (None: not timed)
-        self.step_seconds = basis.get("step")
-        self.layout = layout.describe(n, self.num_workers, basis)
-        # "8 envs in this process", "8 envs in 2 worker processes"
-        self.placement = self.layout.split(" (")[0]
+        self.worker_spin = spin if workers else 0.0
+        self.step_seconds = basis.get("step")  # the probe's CPU seconds a step; None: not timed
+        self.placement, reasons = layout.describe(n, self.num_workers, basis)
+        self.layout = f"{self.placement} ({reasons})" if reasons else self.placement
 
         try:
             context = context or process_control.default_context()
@@ -125,10 +114,19 @@ class SubprocVecEnv(VectorEnv):
             self.close(timeout=1.0)
             raise
 
-    # reset
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
-        """Resets every env (or those in `options["reset_mask"]`); an int seed gives env i `seed
-        + i`."""
+        """Resets every env, or those in `options["reset_mask"]`.
+
+        Args:
+            seed: an int gives env i `seed + i`; a list gives one seed per env (None: unseeded).
+            options: passed to each env's reset; `reset_mask` (bool array) picks the envs to reset.
+
+        Returns:
+            The batched observations and the infos.
+
+        Raises:
+            ValueError: seeds not one per env, or a bad reset mask (TypeError: its type or dtype).
+        """
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
 
@@ -151,8 +149,7 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.RESET, (seed[sl], options, mask[sl]))
 
     def reset_wait(self, timeout: float | None = None):
-        """Waits for the resets sent by reset_async; past `timeout` (default: the bound) a
-        WorkerTimeout."""
+        """Waits for reset_async's resets; a WorkerTimeout past `timeout` (default: the bound)."""
         self._check_waiting(AsyncState.WAITING_RESET)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures:
@@ -167,12 +164,21 @@ class SubprocVecEnv(VectorEnv):
         self._last_obs = self._observations()
         return self._last_obs, infos
 
-    # step
     def step(self, actions):
+        """Steps every env; an env that ends is reset in the same step (`step_async`, then `step_wait`).
+
+        Returns:
+            observations, rewards, terminations, truncations, infos (`final_obs`, `final_info`).
+        """
         self.step_async(actions)
         return self.step_wait()
 
     def step_async(self, actions) -> None:
+        """Sends `actions`, an element of `action_space`, to the envs; `step_wait` takes the results.
+
+        Raises:
+            ValueError: not one action per env (TypeError: a scalar). AlreadyPendingCallError.
+        """
         self._check_usable("step_async")
         act = self._views["actions"]
         if self._actions_in_shm:
@@ -183,8 +189,7 @@ class SubprocVecEnv(VectorEnv):
             actions = list(iterate(self.action_space, actions))
         if len(actions) != self.num_envs:
             raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
-        # Same dtype and shape: written once into shared memory. Anything else goes pickled, as
-        # given.
+        # Same dtype and shape: written into shared memory. Anything else goes pickled, as given.
         in_shm = self._actions_in_shm and actions.dtype == act.dtype and actions.shape == act.shape
         if in_shm:
             act[...] = actions
@@ -193,10 +198,19 @@ class SubprocVecEnv(VectorEnv):
             self._pool.send(w, Command.STEP, None if in_shm else list(actions[sl]))
 
     def step_wait(self, timeout: float | None = None):
-        """Waits for the step sent by `step_async`; past `timeout` (default: the bound) a
-        WorkerTimeout names the slow envs, unless the restart budget allows replacing their
-        workers. A replaced worker's envs report truncated=True, reward 0, `final_obs` = the last
-        observation returned, and `infos["worker_restart"]` True."""
+        """Waits for the step `step_async` sent. The envs of a worker replaced within `max_restarts`
+        report truncated, reward 0, final_obs the last observation, infos["worker_restart"] True.
+
+        Args:
+            timeout: seconds to wait (default: the bound on every wait).
+
+        Returns:
+            As `step`.
+
+        Raises:
+            WorkerError: an env raised, or a worker died, past the restart budget.
+            WorkerTimeout: some envs did not answer within `timeout` (the step stays pending).
+        """
         self._check_waiting(AsyncState.WAITING_STEP)
         failures = self._pool.collect(self._bound if timeout is None else timeout)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
@@ -222,18 +236,25 @@ class SubprocVecEnv(VectorEnv):
         rewards, terminations, truncations = (self._views[k].copy() for k in ("rewards", "terminations", "truncations"))
         return self._last_obs, rewards, terminations, truncations, infos
 
-    # call, attributes, states
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls `name(*args, **kwargs)` on every env (or reads it, if not callable); one result
-        per env."""
+        """Calls method `name(*args, **kwargs)` of every env (or the wrapper that has it), or reads
+        attribute `name`.
+
+        Returns:
+            One result per env.
+        """
         return tuple(self._command("call", Command.CALL, lambda sl: (name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        """Sets attribute `name` on every env: one value each from a list/tuple, else the same
-        for all."""
+        """Sets attribute `name` of every env (or the wrapper that has it) to one of `values` (a list
+        or tuple: one per env) or to `values` itself.
+
+        Raises:
+            ValueError: a list or tuple not one value per env.
+        """
         self._check_usable("set_attr")
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
@@ -243,8 +264,11 @@ class SubprocVecEnv(VectorEnv):
 
     def save_env_states(self) -> dict | None:
         """Every env's state and the last observations, as data for a checkpoint
-        (vecenv/env_state.py); None if some env cannot be saved. Not ended by the interrupt: a
-        snapshot is whole or none."""
+        (vecenv/env_state.py). Not ended by the interrupt: a snapshot is whole or none.
+
+        Returns:
+            Values that torch.load(weights_only=True) loads; None if some env cannot be saved.
+        """
         states = self._command("save_env_states", Command.SAVE_STATES, lambda sl: None, interruptible=False)
         return None if None in states else {"envs": states, "obs": env_state.value(self._last_obs)}
 
@@ -290,11 +314,14 @@ class SubprocVecEnv(VectorEnv):
         """Process ids of the live workers, in worker order (none in the in-process layout)."""
         return list(self._pool.pids) if isinstance(self._pool, WorkerPool) else []
 
-    # close
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
-        """Stops every worker: asks politely, waits up to `timeout` (default `close_timeout`; 0
-        with terminate), then kills them and the processes their envs started. Replies under way
-        get up to that long to arrive, so that no worker is left writing one."""
+        """Stops every worker: asks, waits, then kills them and the processes their envs started.
+        Replies under way get as long to arrive, so that no worker is left writing one.
+
+        Args:
+            timeout: seconds to wait for the workers (default `close_timeout`).
+            terminate: kill them at once.
+        """
         timeout = 0.0 if terminate else self.close_timeout if timeout is None else timeout
         if self._pool is None:
             return
@@ -312,10 +339,8 @@ class SubprocVecEnv(VectorEnv):
         self._closing_on_exception = exc_info[0] is not None
         self.close()
 
-    # private
     def _command(self, name: str, command: Command, arg_of: Callable, interruptible: bool = True) -> list:
-        """Sends `command` to every worker, with arg_of(its slice of the envs); the results env
-        by env."""
+        """Sends `command` with arg_of(its slice) to every worker; the results, env by env."""
         self._check_usable(name)
         for w, sl in enumerate(self._pool.slices):
             self._pool.send(w, command, arg_of(sl))
@@ -326,19 +351,16 @@ class SubprocVecEnv(VectorEnv):
         return [result for reply in replies if reply is not None for result in reply]
 
     def _set_spaces(self, spaces: list, metadata: dict, render_mode: str | None, shared_memory: bool) -> None:
-        """Spaces and metadata from env 0, every env checked against them; then the shared block,
-        in every worker."""
+        """Spaces and metadata from env 0, every env checked against them; then the shared block."""
         self.single_observation_space, self.single_action_space = spaces[0]
         self._check_spaces(0, spaces)
         self.observation_space = batch_space(spaces[0][0], self.num_envs)
         self.action_space = batch_space(spaces[0][1], self.num_envs)
         self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
         self.render_mode = render_mode
-        obs_space, act_space = self.single_observation_space, self.single_action_space
-        fields, self._obs_in_shm, self._actions_in_shm = shared_block.block_fields(
-            self.num_envs, obs_space, act_space, shared_memory
+        offsets, size, self._obs_in_shm, self._actions_in_shm = shared_block.layout(
+            self.num_envs, *spaces[0], shared_memory
         )
-        offsets, size = shared_block.layout(fields)
         self._views = shared_block.views(self._pool.attach(size, offsets, self._obs_in_shm, self._bound), offsets)
         self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
 
@@ -370,9 +392,7 @@ class SubprocVecEnv(VectorEnv):
             raise NoAsyncCallError(message, state.value)
 
     def _raise(self, failures: dict[int, Exception]) -> None:
-        """Raises the failure of the lowest env index. A worker that failed leaves this vec env
-        unusable; one that was only slow can still be waited for, if nothing else failed (said in
-        a note)."""
+        """Raises the lowest env's failure; a dead or raising worker leaves the vec env unusable."""
         error = first_failure(failures)
         worker_errors = [e for e in failures.values() if isinstance(e, WorkerError)]
         if worker_errors:
@@ -382,9 +402,7 @@ class SubprocVecEnv(VectorEnv):
         raise error
 
     def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
-        """Replaces the failed workers, together, and resets their envs; returns each one's reset
-        reply. A rebuild that fails, or does not answer within the bound, uses up another
-        restart, until the budget is spent."""
+        """Replaces the failed workers, resets their envs; a failed rebuild uses up a restart."""
         replies: dict[int, tuple] = {}
         while failures:
             for w, error in sorted(failures.items()):
@@ -401,8 +419,7 @@ class SubprocVecEnv(VectorEnv):
         return replies
 
     def _report_restart(self, w: int, reply: tuple, last_obs: list, infos: dict) -> dict:
-        """A restarted worker's envs: truncated, reward 0, the last observation as final_obs,
-        worker_restart."""
+        """A restarted worker's envs: truncated, reward 0, the last observation as final_obs."""
         obs_list, reset_infos = reply
         sl = self._pool.slices[w]
         views = self._views
@@ -414,8 +431,7 @@ class SubprocVecEnv(VectorEnv):
         return infos
 
     def _store_obs(self, w: int, obs_list: list | None) -> None:
-        """Observations that came over the pipe (spaces shared memory cannot hold); None where
-        none was sent."""
+        """Observations that came over the pipe (spaces shared memory cannot hold)."""
         for k, obs in enumerate(obs_list or []):
             if obs is not None:
                 self._env_obs[self._pool.slices[w].start + k] = obs
@@ -423,49 +439,5 @@ class SubprocVecEnv(VectorEnv):
     def _observations(self):
         if self._obs_in_shm:
             return self._views["obs"].copy()
-        # a fresh batch
         out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
         return concatenate(self.single_observation_space, self._env_obs, out)
-
-
-def check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds) -> None:
-    """ValueError for any argument of SubprocVecEnv that cannot work, naming it."""
-    if not env_fns or not all(callable(fn) for fn in env_fns):
-        raise ValueError("env_fns must be a non-empty sequence of zero-argument callables that build an env")
-    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
-        raise ValueError(f"num_workers must be an int >= 0 (0: in this process) or None, got {num_workers!r}")
-    if context is not None and context not in mp.get_all_start_methods():
-        raise ValueError(f"context must be one of {mp.get_all_start_methods()}, got {context!r}")
-    if max_restarts < 0:
-        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-    if worker_spin is not None and not 0 <= worker_spin < math.inf:
-        raise ValueError(f"worker_spin must be >= 0 seconds (or None), got {worker_spin}")
-    for name, value in seconds.items():
-        if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
-    check_layout(num_workers, seconds["step_timeout"], max_restarts)
-
-
-def check_layout(num_workers: int | None, step_timeout: float | None, max_restarts: int, spell=str) -> None:
-    """ValueError when num_workers=0 (every env in this process) comes with step_timeout or
-    max_restarts, which need workers. `spell` writes a parameter's name (a script passes its flag
-    spelling)."""
-    if num_workers == 0 and (step_timeout is not None or max_restarts):
-        raise ValueError(
-            f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither bounded "
-            f"nor restarted: drop {spell('step_timeout')} and {spell('max_restarts')}, or give "
-            f"{spell('num_workers')} >= 1"
-        )
-
-
-def check_reset_mask(mask: Any, n: int) -> np.ndarray:
-    """options["reset_mask"], checked as gymnasium's vector envs check it."""
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-    if mask.shape != (n,):
-        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
-    if mask.dtype != np.bool_:
-        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-    if not mask.any():
-        raise ValueError(f"`options['reset_mask']` must select at least one env, got reset_mask={mask}")
-    return mask

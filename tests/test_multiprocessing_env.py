@@ -554,6 +554,20 @@ def test_workers_exit_when_the_parent_is_killed():
 
 # ----------------------------------------------------------------------------------------------------
 # restarts
+def test_a_forked_worker_restarted_keeps_its_own_socket(no_orphans):
+    """With fork, a rebuilt worker closes the parent's ends of the other pipes: a closed one's old
+    descriptor number, taken since by the new worker's own socket, must not be among them."""
+    spare = os.open(os.devnull, os.O_RDONLY)
+    with SubprocVecEnv([make_counter] * 2, num_workers=2, context="fork", max_restarts=1) as envs:
+        envs.reset(seed=0)
+        os.close(spare)  # a free descriptor below the workers' own: the rebuilt worker's socket gets it
+        os.kill(envs.worker_pids[0], signal.SIGKILL)
+        envs.step(np.zeros(2, np.int64))  # worker 0 is rebuilt here
+        for _ in range(3):
+            envs.step(np.zeros(2, np.int64))
+        assert envs.restarts == 1
+
+
 @pytest.mark.parametrize("fault", ["raise", "sigkill", "abort"])
 def test_crashed_worker_is_restarted_within_budget(fault, no_orphans, caplog):
     envs = faulty(4, 3, fault, 3, num_workers=2, max_restarts=1)

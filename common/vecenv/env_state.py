@@ -1,19 +1,15 @@
 """An env's state as data, for checkpoints: taken from a live env (`take`) and set onto one the same
 make_env built again (`put`), so that a resumed run's episodes go on exactly where they were. A
-state holds values only: numbers, strings, bytes, arrays (dtype, shape and bytes), numpy generators'
-states, and lists, tuples and dicts of these. Loading one never runs code: nothing in it names a
-class or a function, and a checkpoint that holds it loads with torch.load(weights_only=True).
+state holds values only (numbers, strings, bytes, arrays, numpy generators' states, and lists,
+tuples and dicts of these): nothing in it names a class or a function, so loading it never runs
+code, and torch.load(weights_only=True) loads it.
 
 Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
-package, or declares `pickle_state = True` (a user env whose state is such values). What is taken,
-innermost class first, is each attribute, but for
-- what make_env builds again: the inner env, spaces, specs, functions, classes, MuJoCo's model;
-- a value an inner env holds too (the ALEInterface a wrapper keeps): taken once, where it lives;
-- the simulators' state, through their own API: the ALE's serialized state, random generator
-  included (cloneState(include_rng=True)), and MuJoCo's integration state (mj_getState);
-- gymnasium's own helper objects (a RunningMeanStd): their attributes, set into the one rebuilt.
-An env holding anything else (a Box2D world, another package's object) cannot be saved: None.
-"""
+package, or declares `pickle_state = True` (a user env whose state is such values). Taken, innermost
+class first: each attribute but what make_env builds again (the inner env, spaces, specs, functions,
+classes, MuJoCo's model); a value an inner env holds too, once, where it lives; simulators through
+their own API (the ALE's cloneState(include_rng=True), MuJoCo's mj_getState); gymnasium's helper
+objects (a RunningMeanStd) as their attributes. An env holding anything else is not saved: None."""
 
 from __future__ import annotations
 
@@ -76,16 +72,15 @@ def put(env: gym.Env, state: Any) -> None:
 
 
 def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
-    """`obj` as data (what an env's attribute, or an observation, becomes); Unsaveable if it is
-    not."""
+    """`obj` (an env's attribute, or an observation) as data; Unsaveable if it is not."""
     seen = {} if seen is None else seen
     if type(obj) in RAW:
         return obj
     if type(obj) is bytes:
-        return obj or ("bytes", None)  # (weights_only=True cannot load an empty bytes)
+        return obj or ("bytes", None)  # weights_only=True cannot load an empty bytes
     if id(obj) in seen:  # one object, held twice: it stays one
         return ("same", seen[id(obj)][0])
-    seen[id(obj)] = (len(seen), obj)  # (holding obj: its id is no other's while this lasts)
+    seen[id(obj)] = (len(seen), obj)  # holding obj keeps its id no other's while this lasts
     if isinstance(obj, (np.ndarray, np.generic)) and not obj.dtype.hasobject:
         kind = "array" if isinstance(obj, np.ndarray) else "scalar"
         return (kind, obj.dtype.str, list(np.shape(obj)), np.ascontiguousarray(obj).tobytes() or None)
@@ -112,8 +107,7 @@ def value(obj: Any, seen: dict[int, tuple] | None = None) -> Any:
 
 
 def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
-    """What `value` made data of, from data alone (`current`: the object make_env built in its
-    place, for those restored in place); ValueError if it is not such data."""
+    """What `value` made data of (`current`: what make_env built in its place); else ValueError."""
     seen = [] if seen is None else seen
     if type(data) in (*RAW, bytes):
         return data
@@ -132,8 +126,7 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     elif kind == "rng":
         bits = type(current.bit_generator) if isinstance(current, np.random.Generator) else np.random.PCG64
         result = np.random.Generator(bits())
-        # ValueError for another kind of generator, or a damaged one
-        result.bit_generator.state = rest[0]
+        result.bit_generator.state = rest[0]  # ValueError: another kind of generator, or damaged
     elif kind in ("list", "tuple"):
         seen[index] = result = []
         result += [decoded(item, None, seen) for item in rest[0]]
@@ -167,9 +160,7 @@ class _InPlace:
             if np.shape(self.state) != (mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION),):
                 raise ValueError("MuJoCo's state has another size: another model")
             self.derived = {key: decoded(data, None, seen) for key, data in rest[1]}
-        elif (
-            kind == "object" and type(current).__name__ == rest[0] and type(current).__module__.startswith("gymnasium.")
-        ):
+        elif kind == "object" and type(current).__name__ == rest[0] and module.startswith("gymnasium."):
             self.state = _unfields(current, rest[1], seen)
         else:
             raise ValueError(f"a state of kind {kind!r} for {type(current).__name__}")
@@ -192,20 +183,19 @@ _MUJOCO_ARRAYS: list[str] = []
 
 
 def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
-    """MjData's arrays of floats: what the last step derived from the state, which an env may
-    read before the next (Ant's reward starts from body positions), and the state. Not its arrays
-    of indices: a step computes those anew, and numbers from a file must never index memory."""
+    """MjData's float arrays: the state and what the last step derived from it, which an env may
+    read (Ant's reward starts from body positions). Not its index arrays: numbers from a file must
+    never index memory, and a step computes those anew."""
     if not _MUJOCO_ARRAYS:
         for key in dir(data):
-            with contextlib.suppress(Exception):  # (some properties raise where unused)
+            with contextlib.suppress(Exception):  # some properties raise where unused
                 if not key.startswith("_") and getattr(data, key).dtype.kind == "f":
                     _MUJOCO_ARRAYS.append(key)
     return {key: getattr(data, key) for key in _MUJOCO_ARRAYS}
 
 
 def _fields(obj: Any, seen: dict[int, tuple]) -> list:
-    """[name, value] of each attribute that is state (neither a constant nor what make_env
-    builds)."""
+    """[name, value] of each attribute that is state, not a constant or what make_env builds."""
     return [
         [name, value(field, seen)] for name, field in vars(obj).items() if name not in NOT_TAKEN and not _rebuilt(field)
     ]

@@ -1,16 +1,14 @@
-"""Where SubprocVecEnv's envs step by default: in the calling process only where they can neither
-hang nor kill it and are faster there, else in workers; decided alike on a busy minute and a quiet
-one, no env code run here (`choose`).
+"""Where SubprocVecEnv's envs step by default (`choose`): in the calling process only where they can
+neither hang nor kill it and are faster there, else in workers; alike on a busy minute and a quiet
+one, no env code run here.
 
 `probe` builds one env in a process of its own (bounded, importing neither the main script nor
-torch, ending with what the env started). Only gymnasium's own pure-Python envs under gymnasium's
-wrappers are TRUSTED: their steps are timed there in CPU time, each beside a fixed piece of work
+torch, ending with what the env started). Only gymnasium's own pure-Python envs under its wrappers
+are TRUSTED: their steps are timed there in CPU time, each beside a fixed piece of work
 (`reference_work`), and counted in units of it (a busy machine slows both alike). `decide`: if what
 w = min(cores, n) workers save on a step of n envs, units * (n - ceil(n / w)), is under ROUND_TRIP
-(what a step of workers costs beyond their envs' work: benchmarks/layout_thresholds.py), this
-process; else w workers, as for any other env, or one the probe cannot build (the workers then
-report why).
-"""
+(benchmarks/layout_thresholds.py), this process; else w workers, as for any other env or one the
+probe cannot build (the workers then report why)."""
 
 from __future__ import annotations
 
@@ -41,13 +39,10 @@ from .process_control import STOP_SIGNALS, plural, stop_signals_blocked
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
 ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units
 REFERENCE_LOOPS = 60  # reference_work()'s size: about a CartPole step of CPU
-# CPU seconds of steps the probe times (at least one step, at most 200, after 5 not timed)
-STEPPING = 0.02
+STEPPING = 0.02  # CPU seconds of steps the probe times (1 to 200 steps, after 5 not timed)
 STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers
-# seconds the probe process may take to start (Python, gymnasium, the env's module)
-PROBE_START = 60.0
-# The folder the top package (ours, under whatever name it was copied as) lies in, for the probe's
-# imports
+PROBE_START = 60.0  # seconds the probe may take to start (Python, gymnasium, the env's module)
+# the folder our top package lies in, under whatever name it was copied as: for the probe's imports
 _ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
 _BOOT = f"""
 import signal
@@ -72,10 +67,8 @@ class ProbeFailed(Exception):
 
 
 def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, probed: Any, **probing) -> tuple:
-    """The worker processes for env_fns (0: this process) and what the choice was made from
-    (`basis`, for `describe`): num_workers as asked; workers where steps must be bounded or
-    restarted; else `decide` on what a probe of env_fns[-1] found (`probed`, if the caller probed
-    it already)."""
+    """The workers for env_fns (0: this process) and the basis: num_workers as asked; workers where
+    steps must be bounded or restarted; else `decide` on a probe of env_fns[-1] (or `probed`)."""
     n = len(env_fns)
     if num_workers is not None or bounded:
         return min(cores, n) if num_workers is None else min(num_workers, n), {}
@@ -102,8 +95,7 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
     parent, child = socket.socketpair()
     data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn)}
     data |= {"registry": _registry(), "trusted": TRUSTED, "check_api": check_api}
-    # what the probe says if it cannot start (a file: it never fills up)
-    errors = tempfile.TemporaryFile()
+    errors = tempfile.TemporaryFile()  # what the probe says if it cannot start: a file never fills
     command = [sys.executable, "-S", "-c", _BOOT]
     with stop_signals_blocked():
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": errors}
@@ -143,8 +135,7 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
 
 
 def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str):
-    """The probe's next message, None at the deadline; ProbeFailed if the probe ended without
-    one."""
+    """The probe's next message; None at the deadline, ProbeFailed if the probe ended first."""
     poller = select.poll()
     poller.register(conn.fd, select.POLLIN)
     if interrupt is not None:
@@ -165,8 +156,7 @@ def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: 
 
 
 def _registry() -> bytes | None:
-    """gymnasium's registry as this process has it (ids the main script registered), for the
-    probe to make ids alike; None if some entry does not pickle."""
+    """gymnasium's registry, ids the main script registered included; None if it does not pickle."""
     try:
         return cloudpickle.dumps(dict(gym.registry))
     except Exception:  # noqa: BLE001 - the probe then knows the ids its imports register
@@ -174,8 +164,7 @@ def _registry() -> bytes | None:
 
 
 def _ended(proc: subprocess.Popen, errors: Any) -> str:
-    """How the probe process ended, with the last line it wrote to stderr (an import in its start
-    that failed)."""
+    """How the probe process ended, with the last line it wrote to stderr (a failed import)."""
     try:
         code = proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
@@ -193,20 +182,17 @@ def probe_main(data: dict) -> None:
     try:
         if data["registry"] is not None:
             gym.registry.update(pickle.loads(data["registry"]))
-        # imports the env's module: start-up, not the env's own work
-        env_fn = cloudpickle.loads(data["env_fn"])
+        env_fn = cloudpickle.loads(data["env_fn"])  # imports the env's module: not the env's work
         conn.send(pickle.dumps(("ready", None)))
         env = env_fn()
         made = {"spaces": (env.observation_space, env.action_space)}
         made["origin"] = [f"{type(e).__module__}.{type(e).__qualname__}" for e in chain(env)]
         made["trusted"] = all(type(e).__module__.startswith(data["trusted"]) for e in chain(env))
-        if data["check_api"]:
-            phase = "reset"
-            old = _old_api(env)
-            if old:
-                conn.send(pickle.dumps(("error", (0, "api", old, ""))))
-                os._exit(0)
-            phase = "make"
+        phase = "reset"  # _old_api resets the env
+        if data["check_api"] and (old := _old_api(env)):
+            conn.send(pickle.dumps(("error", (0, "api", old, ""))))
+            os._exit(0)
+        phase = "make"
         conn.send(pickle.dumps(("made", made), pickle.HIGHEST_PROTOCOL))
         if made["trusted"]:
             phase = "reset"
@@ -220,8 +206,7 @@ def probe_main(data: dict) -> None:
 
 
 def _old_api(env: gym.Env) -> str | None:
-    """How the env answers as gym's old API did (None if as gymnasium's); an error not about the API
-    is raised."""
+    """How the env answers as gym's old API did, None if as gymnasium's; other errors raise."""
     # below gymnasium's checking wrappers, which turn old answers into warnings
     base = env.unwrapped
     try:
@@ -241,8 +226,7 @@ def _old_api(env: gym.Env) -> str | None:
 
 
 def reference_work() -> float:
-    """A fixed piece of work like a small env's step (Python arithmetic, math calls, a small numpy
-    array): the unit a step is counted in."""
+    """The unit a step is counted in: work like a small env's step (arithmetic, a small array)."""
     total = 0.0
     for i in range(REFERENCE_LOOPS):
         total += math.sin(i) * 0.5
@@ -251,10 +235,9 @@ def reference_work() -> float:
 
 
 def cpu_per_step(env: gym.Env) -> tuple[float, float]:
-    """CPU seconds of a typical step with random actions, and of reference_work() run after each
-    step: medians over about STEPPING seconds of steps after the first few (a step the load
-    interrupts costs more CPU than the env asks). Only the steps are timed, not the drawing of
-    actions: a trainer's actions come from its policy."""
+    """CPU seconds of a typical step (random actions, not timed: a trainer's come from its policy),
+    and of reference_work() run after each: medians over STEPPING seconds of steps after the first
+    few, since a step the load interrupts costs more CPU than the env asks."""
     env.action_space.seed(0)
     times: list[float] = []
     references: list[float] = []
@@ -272,8 +255,7 @@ def cpu_per_step(env: gym.Env) -> tuple[float, float]:
 
 
 def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
-    """The workers (0: this process) for n envs like the probed one (probed None: the probe
-    failed), and what the choice was made from (for `describe`)."""
+    """The workers (0: this process) for n envs like the probed one (None: failed), and why."""
     w = max(1, min(cores, n))
     basis = {key: probed.get(key) for key in ("origin", "trusted", "step", "reference")} if probed else {}
     if probed is None or not probed["trusted"]:
@@ -289,9 +271,8 @@ def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict
     return w, dict(basis, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
 
 
-def describe(n: int, num_workers: int, basis: dict[str, Any]) -> str:
-    """Where the envs step, and why: "8 envs in this process (gymnasium's CartPoleEnv; one step
-    ...; ...)"."""
+def describe(n: int, num_workers: int, basis: dict[str, Any]) -> tuple[str, str]:
+    """Where the envs step ("8 envs in this process"), and why ("gymnasium's CartPoleEnv; ...")."""
     notes, step, env = [], basis.get("step"), (basis.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
     if basis.get("origin"):
         notes.append(f"gymnasium's {env}" if basis["trusted"] else f"{env}, not one of gymnasium's own envs")
@@ -303,4 +284,4 @@ def describe(n: int, num_workers: int, basis: dict[str, Any]) -> str:
         notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
     notes += [basis["why"]] if basis.get("why") else []
     where = "this process" if num_workers == 0 else plural(num_workers, "worker process")
-    return f"{plural(n, 'env')} in {where}" + (f" ({'; '.join(notes)})" if notes else "")
+    return f"{plural(n, 'env')} in {where}", "; ".join(notes)

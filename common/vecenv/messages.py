@@ -1,9 +1,5 @@
-"""Length-prefixed messages over one end of a socketpair: half the cost of
-multiprocessing.Connection per message.
-
-The worker reads with a blocking `recv`; the parent only takes what has arrived (`pump`), so no read
-outlasts a bound.
-"""
+"""Length-prefixed messages over a socketpair, half the cost of multiprocessing.Connection's. The
+parent takes only what has arrived (`pump`), so no read outlasts a bound."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ class Channel:
         self.sock, self.fd = sock, sock.fileno()
         self._buffer = bytearray()  # bytes read that are not yet a whole message
         self._ready: collections.deque = collections.deque()  # whole messages, oldest first
-        # a large message under way, and how much of it has arrived
-        self._body: bytearray | None = None
+        self._body: bytearray | None = None  # a large message under way, `_filled` bytes of it read
         self._filled = 0
         self._poller = select.poll()
         self._poller.register(self.fd, select.POLLIN)
@@ -49,16 +44,14 @@ class Channel:
                 return False
 
     def recv(self) -> bytes:
-        """The next whole message, waiting as long as it takes; EOFError once the other end is
-        closed."""
+        """The next whole message, however long it takes; EOFError once the other end closes."""
         while not self._ready:
             if not self._receive(0):
                 raise EOFError("the other end of the pipe is closed")
         return self._ready.popleft()
 
     def _receive(self, flags: int) -> bool:
-        """One read from the socket; False at end of file. A large message is read straight into a
-        buffer of its own size: it costs what copying it costs."""
+        """One read from the socket; False at end of file. A large message gets its own buffer."""
         if self._body is not None:
             count = self.sock.recv_into(memoryview(self._body)[self._filled :], 0, flags)
             self._filled += count
@@ -87,8 +80,7 @@ class Channel:
                 return
 
     def send_fd(self, data: bytes, fd: int) -> None:
-        """One message with a file descriptor attached (SCM_RIGHTS): how a worker gets the shared
-        block."""
+        """One message with a file descriptor attached: how a worker gets the shared block."""
         socket.send_fds(self.sock, [_HEADER.pack(len(data)) + data], [fd])
 
     def recv_fd(self) -> tuple[bytes, int]:
@@ -97,8 +89,7 @@ class Channel:
         return self.recv(), fds[0]
 
     def spin(self, seconds: float) -> None:
-        """Polls for a message for up to `seconds` before the caller's blocking read: one that comes
-        within it is read without this process going to sleep and being woken."""
+        """Polls up to `seconds` before a blocking read, so that a message then finds us awake."""
         if seconds > 0 and not self._ready:
             poll_without_sleeping(self._poller, seconds)
 
@@ -107,8 +98,7 @@ class Channel:
 
 
 def poll_without_sleeping(poller: select.poll, seconds: float) -> list[tuple[int, int]]:
-    """`poller`'s events, polled for up to `seconds` while yielding the CPU in between; [] if none
-    came."""
+    """`poller`'s events, polled up to `seconds` while yielding the CPU; [] if none came."""
     end = time.monotonic() + seconds
     while True:
         events = poller.poll(0)

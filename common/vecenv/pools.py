@@ -1,15 +1,12 @@
 """Where a SubprocVecEnv's envs live, seen from the calling process: WorkerPool (worker processes,
-each stepping a slice of the envs) or InProcessPool (every env here). Both take the same commands
-(`send`, then `collect`) and report failures alike (errors.py).
-
-A worker's death is seen from its process (a pidfd), not only from its pipe (an env may have forked
-a helper that keeps the pipe open), nor from multiprocessing's sentinel (all of a forkserver's turn
-readable when it dies, though the workers it forked live on). No read waits past the bound: the
-parent reads only what has arrived.
-"""
+each stepping a slice of the envs) or InProcessPool (every env here), both driven by `send`, then
+`collect`. A worker's death is seen from its process (a pidfd), not only from its pipe (an env may
+have forked a helper that keeps the pipe open), nor from multiprocessing's sentinel (a dying
+forkserver makes all of them readable while its workers live on). No read waits past the bound."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -30,13 +27,11 @@ from .messages import Channel, poll_without_sleeping
 from .shared_block import anonymous_file, views
 from .worker import Command, EnvGroup, Reply, close_envs, describe, encode, worker_main
 
-# seconds a worker may take to start (a process, the main script's imports) before its envs
-STARTING = 60.0
+STARTING = 60.0  # seconds a worker may take to start (a process, the main script's imports)
 
 
 class InProcessPool:
-    """Every env in this process, stepped by a worker's code when `collect` is called (as
-    SyncVectorEnv steps in step_wait). Nothing here can be bounded or restarted."""
+    """Every env here, stepped at `collect` as SyncVectorEnv does: nothing bounds or restarts it."""
 
     def __init__(self, env_fns: list[Callable[[], gym.Env]], interrupt: Any = None):
         self.slices, self.envs, self.interrupt = [slice(0, len(env_fns))], [], interrupt
@@ -62,9 +57,7 @@ class InProcessPool:
         self.pending[w] = (command, arg)
 
     def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
-        """Runs the command sent; an exception in env code is the failure of worker 0 (this
-        process). A stop requested (the interrupt) raises first, the command still pending, as a
-        wait on workers would."""
+        """Runs the command sent; an env raising fails worker 0. The interrupt raises first."""
         if self.interrupt is not None and interruptible:
             self.interrupt.check()
         failures: dict[int, Exception] = {}
@@ -85,29 +78,26 @@ class InProcessPool:
 
 
 class WorkerPool:
-    """Worker processes, worker w stepping the envs of `slices[w]`: starts them, sends commands,
-    waits for replies within a bound, replaces those that failed, and stops them all, with the
-    helpers their envs started."""
+    """Worker processes, worker w stepping the envs of `slices[w]`: started, sent commands, awaited
+    within a bound, replaced when they fail, and stopped with the helpers their envs started."""
 
     def __init__(
         self, env_fns: list, slices: list[slice], context: str, spin: float, close_timeout: float, interrupt=None
     ):
         self.slices, self.spin, self.interrupt = slices, spin, interrupt
-        # (also to rebuild a worker)
+        if context != "fork" and (unguarded := process_control.unguarded_main()):  # each worker would fail at start
+            raise WorkerError(f"no worker was started: {unguarded}", range(slices[-1].stop), "start")
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]
         self.ctx, self.fork = process_control.get_context(context), context == "fork"
         process_control.start_helpers(context)
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
-        # workers that did not answer in time: killed, not asked, on close
-        self.timed_out: set[int] = set()
+        self.timed_out: set[int] = set()  # silent past the bound: killed, not asked, on close
         self.poller = select.poll()  # every worker's socket and process fd
-        # fd -> (worker, whether it is the process fd)
-        self.fd_owner: dict[int, tuple[int, bool]] = {}
+        self.fd_owner: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is it the process fd)
         self.exit_fds: list[int] = []  # readable once worker w has exited (_exit_fd)
-        # worker -> what its next reply answers: start, make, step, ...
-        self.pending: dict[int, str] = {}
+        self.pending: dict[int, str] = {}  # worker -> what its next reply answers: make, step...
         self.replies: dict[int, Any] = {}
         self.block_fd: int | None = None
         self.attach_message = b""
@@ -129,8 +119,7 @@ class WorkerPool:
         return [spaces for reply in replies for spaces in reply[0]], *replies[0][1:]
 
     def attach(self, size: int, offsets: list, obs_in_shm: bool, timeout: float) -> Any:
-        """Maps one shared block of `size` bytes here and in every worker (each writes its own
-        rows)."""
+        """Maps one shared block of `size` bytes here and in every worker (each writes its rows)."""
         self.attach_message = encode(Command.ATTACH, (size, offsets, obs_in_shm))
         self.block_fd = anonymous_file(size)
         block = mmap.mmap(self.block_fd, size)
@@ -141,10 +130,8 @@ class WorkerPool:
         return block
 
     def _attach(self, w: int) -> None:
-        try:
+        with contextlib.suppress(OSError):  # a dead worker: collect reports it
             self.conns[w].send_fd(self.attach_message, self.block_fd)
-        except OSError:
-            pass  # a dead worker: collect reports it
         self.pending[w] = "attach"
 
     def _collect_or_raise(self, timeout: float) -> None:
@@ -156,12 +143,13 @@ class WorkerPool:
         """Starts worker `w` (afresh after a failure) and watches its socket and process."""
         parent_sock, child_sock = socket.socketpair()
         keep, give = process_control.lifeline()
-        inherited = [c.fd for c in self.conns if c.fd >= 0] + [parent_sock.fileno(), keep.fileno()]
+        # With fork, the parent's ends of the other pipes that are open: a closed one's number may be reused
+        inherited = [c.sock.fileno() for c in self.conns if c.sock.fileno() >= 0]
+        inherited += [parent_sock.fileno(), keep.fileno()]
         start, fns = self.slices[w].start, self.env_fns_bytes[w]
         args = (start, fns, child_sock, give, inherited if self.fork else [], self.spin, self.tmpdir)
         proc = self.ctx.Process(target=worker_main, name=f"SubprocVecEnv-worker-{w}", args=args, daemon=True)
-        # until the worker (and a forkserver it starts) ignores them
-        with process_control.stop_signals_blocked():
+        with process_control.stop_signals_blocked():  # until the worker ignores them
             proc.start()
         child_sock.close()
         conn, exit_fd = Channel(parent_sock), _exit_fd(proc)
@@ -177,30 +165,20 @@ class WorkerPool:
         self.pending[w] = "start"
 
     def send(self, w: int, command: Command, arg: Any = None) -> None:
-        try:
+        with contextlib.suppress(OSError):  # a dead worker: its process fd tells collect
             self.conns[w].send(encode(command, arg))
-        except OSError:
-            pass  # a dead worker: its process fd is readable, and collect reports it
         self.pending[w] = command.name.lower()
 
     def _wait_for_events(self, deadline: float, spin: float) -> list[tuple[int, int]]:
-        """poll() until something is ready or the deadline passes, first without sleeping for up to
-        `spin` seconds."""
+        """poll() until something is ready or the deadline, the first `spin` seconds awake."""
         if spin and (events := poll_without_sleeping(self.poller, min(spin, deadline - time.monotonic()))):
             return events
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return self.poller.poll(0)
-            events = self.poller.poll(min(remaining, 3600.0) * 1000)  # (an int of milliseconds)
-            if events:
-                return events
+        return self.poller.poll(max(0.0, min(deadline - time.monotonic(), 3600.0)) * 1000)
 
     def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
-        """Waits up to `timeout` seconds for the reply of every pending worker, into `replies`;
-        returns the failures (death, error, timeout) by worker. A worker silent past the bound
-        stays pending, so a retried wait takes its reply. The interrupt, if any (and
-        `interruptible`), ends the wait by raising, the workers still pending."""
+        """Waits up to `timeout` seconds for every pending worker's reply, into `replies`; the
+        failures (death, error, timeout) by worker. A worker silent past the bound stays pending,
+        so a retried wait takes its reply. The interrupt (if `interruptible`) ends it by raising."""
         watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
@@ -211,8 +189,7 @@ class WorkerPool:
                 self.poller.unregister(watched)
 
     def _bound(self, w: int, timeout: float) -> float:
-        """A worker yet to start gets STARTING; its envs' build is timed from when it says it
-        started."""
+        """A worker yet to start gets STARTING; its envs' build is timed once it has started."""
         return max(timeout, STARTING) if self.pending[w] == "start" else timeout
 
     def _collect(self, timeout: float, watched: int | None) -> dict[int, Exception]:
@@ -220,8 +197,7 @@ class WorkerPool:
         deadlines = {w: now + self._bound(w, timeout) for w in self.pending}
         waiting_for = len(self.pending)
         while len(self.pending) > len(overdue):
-            # Once one worker has answered, the others are awaited without sleeping, up to the
-            # workers' window
+            # once one worker has answered, the others are awaited without sleeping, up to `spin`
             deadline = min(deadlines[w] for w in self.pending if w not in overdue)
             events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
             if not events:
@@ -243,8 +219,7 @@ class WorkerPool:
         return failures
 
     def _read(self, w: int, is_exit: bool, failures: dict[int, Exception]) -> bool:
-        """Takes worker w's replies that have arrived whole, or notes its death; True if it said
-        it has started."""
+        """Takes worker w's whole replies, or notes its death; True if it said it has started."""
         conn = self.conns[w]
         open_, started, replied = conn.pump(), False, False
         while (msg := conn.message()) is not None:
@@ -273,20 +248,17 @@ class WorkerPool:
         # its exit code; a helper may hold the pipe open
         process_control.end_processes([proc], grace=2.0)
         how = process_control.describe_exit(proc.exitcode)
-        why = process_control.unguarded_main() if doing == "start" and not self.fork else ""
-        message = f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{doing}'{why}"
+        message = f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{doing}'"
         return WorkerError(message, self.envs_of(w), doing, proc.exitcode)
 
     def _unwatch(self, w: int) -> None:
-        """Takes worker w's socket and process fd out of the poll set: its end is known, not
-        news."""
+        """Takes worker w's socket and process fd out of the poll set: its end is known."""
         for fd in (self.conns[w].fd, self.exit_fds[w]):
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
     def restart(self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]) -> tuple[dict, dict]:
-        """Replaces workers `ws` with fresh ones, together, and resets their envs: ({worker: its
-        reset reply}, {worker: the failure of its rebuild})."""
+        """Replaces workers `ws` together, resets their envs: ({w: reset reply}, {w: failure})."""
         for w in ws:
             self._unwatch(w)
             self.conns[w].close()
@@ -297,35 +269,31 @@ class WorkerPool:
         process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
         for w in ws:
             self._start(w)
-        rebuilding, failures = list(ws), {}
-        # built (started above), then attached, then reset
-        for then in (self._attach, self._reset, None):
-            failures.update(self.collect(timeout))  # only the rebuilt workers are pending
-            for w in failures:  # a rebuild that timed out is not waited for again (it is killed)
-                self.pending.pop(w, None)
-            for w in [w for w in rebuilding if w not in failures]:
-                if then is self._attach:
-                    check_spaces(self.slices[w].start, self.replies.pop(w)[0])
-                if then is not None:
-                    then(w)
-            rebuilding = [w for w in rebuilding if w not in failures]
-        return {w: self.replies.pop(w) for w in rebuilding}, failures
+        failures: dict[int, Exception] = {}
+        for w in self._rebuilt(ws, timeout, failures):
+            check_spaces(self.slices[w].start, self.replies.pop(w)[0])
+            self._attach(w)
+        for w in self._rebuilt(ws, timeout, failures):
+            n = len(self.envs_of(w))
+            self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+        return {w: self.replies.pop(w) for w in self._rebuilt(ws, timeout, failures)}, failures
 
-    def _reset(self, w: int) -> None:
-        n = len(self.envs_of(w))
-        self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+    def _rebuilt(self, ws: list[int], timeout: float, failures: dict[int, Exception]) -> list[int]:
+        """Waits for the rebuilt workers, into `failures`; those of `ws` that have not failed."""
+        failures.update(self.collect(timeout))  # only the rebuilt workers are pending
+        for w in failures:
+            self.pending.pop(w, None)
+        return [w for w in ws if w not in failures]
 
     def drain(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not timed out) up to `timeout` seconds to
-        arrive."""
+        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.timed_out and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)
         self.timed_out.update(self.pending)
 
     def close(self, timeout: float) -> None:
-        """Asks every worker to exit, waits up to `timeout`, then kills what is left, helpers
-        included."""
+        """Asks every worker to exit, waits up to `timeout`, then kills what is left and helpers."""
         self.finalizer.detach()
         for fd, proc in zip(self.exit_fds, self.procs, strict=True):
             _close_exit_fd(fd, proc)
@@ -336,8 +304,7 @@ class WorkerPool:
 
 
 def _exit_fd(proc: Any) -> int:
-    """A file descriptor readable once `proc` has exited: a pidfd (Linux 5.3+), else
-    multiprocessing's sentinel."""
+    """A file descriptor readable once `proc` has exited: a pidfd (Linux 5.3+), else a sentinel."""
     try:
         return os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
@@ -350,14 +317,11 @@ def _close_exit_fd(fd: int, proc: Any) -> None:
 
 
 def _shutdown(procs: list, conns: list, timed_out: set[int], timeout: float) -> None:
-    """Asks workers to exit, waits up to `timeout`, then kills what is left (also at exit, for a
-    vec env never closed)."""
+    """Asks workers to exit, waits, kills what is left; also at exit, for a vec env never closed."""
     for w, conn in enumerate(conns):
         if w not in timed_out:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 conn.send(encode(Command.CLOSE))
-            except (OSError, ValueError):
-                pass
     process_control.end_processes([proc for w, proc in enumerate(procs) if w in timed_out], grace=0.0)
     process_control.end_processes(procs, grace=timeout)
     for conn in conns:

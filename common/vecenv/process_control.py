@@ -15,14 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# What ends a job: Ctrl-C, a scheduler's stop (SIGTERM) and its time-limit or preemption warnings
-# (Slurm's --signal, submitit's USR2), a closed terminal, a CPU-time limit. The trainer makes each a
-# stop request; every process the vec env starts leaves them to it.
+# What ends a job: Ctrl-C, a scheduler's SIGTERM and warnings (Slurm's --signal, submitit's USR2), a
+# closed terminal, a CPU-time limit: each a stop request for the trainer, ignored by what we start.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU}
 
-# Loaded once in the forkserver when the trainer has them: workers fork with them instead of
-# importing them anew (CPython's forkserver never preloads the main script by itself, and a script
-# importing torch cost seconds a worker)
+# Loaded once in the forkserver when the trainer has them, so that workers fork with them instead of
+# importing them anew (CPython's forkserver never preloads the main script by itself)
 FORKSERVER_PRELOAD = ("torch", "torch.utils.tensorboard", "tyro", "gymnasium", "ale_py", "cv2", "numpy", "cloudpickle")
 
 
@@ -39,9 +37,8 @@ def get_context(context: str) -> Any:
 
 
 def start_helpers(context: str) -> None:
-    """Starts multiprocessing's resource tracker and forkserver before the first worker, with the
-    stop signals held back: a scheduler signals every process of a job, and a forkserver it killed
-    would fail the next restart."""
+    """Starts multiprocessing's helper processes, the stop signals held back: a scheduler signals
+    every process of a job, and a forkserver it killed would fail the next restart."""
     from multiprocessing import forkserver, resource_tracker
 
     with stop_signals_blocked():
@@ -53,8 +50,7 @@ def start_helpers(context: str) -> None:
 
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """The stop signals held back in this thread, and in any process it starts until that process
-    ignores them."""
+    """Stop signals held back in this thread and the processes it starts, until they ignore them."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -78,8 +74,7 @@ _lifelines: dict[int, tuple[socket.socket, socket.socket]] = {}
 
 
 def lifeline() -> tuple[socket.socket, socket.socket]:
-    """This process's lifeline: it keeps the first end open until it dies; workers watch the
-    second."""
+    """This process's lifeline: it holds one end open until it dies; workers watch the other."""
     if os.getpid() not in _lifelines:
         _lifelines.clear()  # a forked child's copy belongs to its parent
         _lifelines[os.getpid()] = socket.socketpair()
@@ -87,8 +82,7 @@ def lifeline() -> tuple[socket.socket, socket.socket]:
 
 
 def end_processes(procs: list, grace: float) -> None:
-    """Waits up to `grace` seconds for each process to exit, SIGKILLs what is left, then the process
-    group each one leads (the helpers its envs started)."""
+    """Waits up to `grace` s for the processes to exit, then SIGKILLs them and their groups."""
     deadline = time.monotonic() + grace
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -111,19 +105,18 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def unguarded_main() -> str:
-    """For a worker that died as it started: the main script builds its envs outside `if __name__
-    == "__main__":`, said with what to do (forkserver and spawn workers import that script); else
-    ''."""
+    """Why workers started by forkserver or spawn, which import the main script again, would fail:
+    it has no `if __name__ == "__main__":`; '' if it has one, or if there is no script."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     try:
-        guarded = re.search(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", Path(path).read_text(), re.M)
+        guarded = re.search(r"^\s*if\b.*(__name__.*__main__|__main__.*__name__)", Path(path).read_text(), re.M)
     except (OSError, TypeError):
         return ""
     if guarded:
         return ""
     return (
-        f'; {path} has no `if __name__ == "__main__":` and worker processes start by importing it: put '
-        "the code that builds the envs under that line (docs/vecenv.md)"
+        f'{path} has no `if __name__ == "__main__":` and worker processes start by importing it: put the code '
+        "that builds the envs under that line, or give context='fork' (docs/vecenv.md)"
     )
 
 

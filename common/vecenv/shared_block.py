@@ -1,6 +1,5 @@
-"""The shared-memory block of a SubprocVecEnv: one row per env of rewards, flags, actions and
-observation, which each worker maps and writes in place, so that a step moves no observation over a
-pipe. Observations that are not one array (Dict, Tuple, Text, ...) travel pickled instead."""
+"""The shared-memory block of a SubprocVecEnv: a row per env of rewards, flags, actions and obs,
+which each worker writes in place. Observations that are not one array travel pickled instead."""
 
 from __future__ import annotations
 
@@ -12,28 +11,21 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 
-# spaces whose values are one fixed-shape array
-ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)
+ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)  # a value is one fixed-shape array
 
 
-def block_fields(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memory: bool) -> tuple[list, bool, bool]:
-    """The block's arrays for n envs, (name, shape, dtype) each, and whether observations and
-    actions live there."""
+def layout(n: int, obs_space: gym.Space, act_space: gym.Space, shared_memory: bool) -> tuple[list, int, bool, bool]:
+    """The block for n envs: (name, offset, shape, dtype) of each array, 64-byte aligned so that
+    workers never share a cache line; its size; whether observations and actions live there."""
     fields = [("rewards", (n,), np.float64), ("terminations", (n,), np.bool_), ("truncations", (n,), np.bool_)]
     actions_in, obs_in = (isinstance(act_space, ARRAY_SPACES), shared_memory and isinstance(obs_space, ARRAY_SPACES))
     fields.append(("actions", (n, *act_space.shape) if actions_in else (0,), act_space.dtype or np.uint8))
     fields.append(("obs", (n, *obs_space.shape) if obs_in else (0,), obs_space.dtype if obs_in else np.uint8))
-    return fields, obs_in, actions_in
-
-
-def layout(fields: list[tuple[str, tuple[int, ...], Any]]) -> tuple[list[tuple], int]:
-    """Offsets of the arrays in one block, each 64-byte aligned so that workers never share a cache
-    line."""
     offsets, offset = [], 0
     for name, shape, dtype in fields:
         offsets.append((name, offset, shape, np.dtype(dtype).str))
         offset += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 64) * 64
-    return offsets, max(offset, 64)
+    return offsets, max(offset, 64), obs_in, actions_in
 
 
 def views(buffer: Any, offsets: list[tuple]) -> dict[str, np.ndarray]:
@@ -41,8 +33,7 @@ def views(buffer: Any, offsets: list[tuple]) -> dict[str, np.ndarray]:
 
 
 def anonymous_file(size: int) -> int:
-    """A file descriptor of `size` zero bytes that no path names: nothing to leak, even if we
-    crash."""
+    """A file descriptor of `size` zero bytes that no path names: nothing leaks if we crash."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("subprocvecenv")
     else:

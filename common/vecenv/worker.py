@@ -1,18 +1,13 @@
-"""A SubprocVecEnv's protocol, and the worker side of it: the loop a worker process runs, and
-EnvGroup, which steps a worker's slice of the envs into their rows of the shared block (the
-in-process layout runs it in the calling process).
+"""A SubprocVecEnv's protocol and its worker side: the loop a worker process runs, and EnvGroup,
+which steps a worker's envs into their rows of the shared block (also in the calling process).
 
 The life of a step: the trainer writes the actions into the shared block and sends STEP, one byte,
-to every worker; each steps its envs, resets those that ended (their last observation and info kept
-for final_obs and final_info), writes observations, rewards and flags into its rows of the block,
-and answers OK, one byte, or a pickled list of infos when an env gave some; the trainer waits for
-every answer within a bound, sees a worker's death from its process as well as its pipe (pools.py),
-and reads the block.
-
-Every message is a Command byte and maybe a pickled argument; every answer a Reply byte and maybe a
-pickled payload. A worker first says it has started, builds its envs and describes them (their
-spaces); a failure sends errors.error_report and ends the worker.
-"""
+to every worker; each steps its envs, resets those that ended (keeping final_obs and final_info),
+writes observations, rewards and flags into its rows, and answers OK, one byte, or pickled infos
+when an env gave some; the trainer waits for every answer within a bound (pools.py), then reads the
+block. Every message is a Command byte, every answer a Reply byte, each maybe followed by a pickle.
+A worker first says it has started, then builds and describes its envs; a failure sends
+errors.error_report and ends the worker."""
 
 from __future__ import annotations
 
@@ -71,8 +66,8 @@ def decode(msg: bytes) -> tuple[Command, Any]:
 
 
 def describe(envs: list[gym.Env]) -> tuple:
-    """What envs say first: each one's spaces (env 0's carry the random generators the vec env's
-    will), and env 0's metadata and render mode."""
+    """What envs say first: each one's spaces (env 0's random generators become the vec env's), and
+    env 0's metadata and render mode."""
     return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
 
 
@@ -83,8 +78,7 @@ def close_envs(envs: list[gym.Env]) -> None:
 
 
 class EnvGroup:
-    """The envs of one worker, writing their results into their rows of the shared block (`current`:
-    the env under way, for error reports)."""
+    """The envs of one worker and their rows of the shared block (`current`: the env under way)."""
 
     def __init__(self, envs: list[gym.Env], views: dict[str, np.ndarray], obs_in_shm: bool):
         self.envs, self.views, self.current = envs, views, 0
@@ -108,8 +102,7 @@ class EnvGroup:
             self.obs_view[k] = obs
 
     def step(self, actions_arg: list | None) -> tuple | None:
-        """Steps every env, resetting those that ended in the same step; None if only the block
-        changed."""
+        """Steps every env, resetting those that ended; None if only the block changed."""
         actions = self.views["actions"] if actions_arg is None else actions_arg
         rewards, terminations, truncations = (self.views[k] for k in ("rewards", "terminations", "truncations"))
         extras, obs_list = [], []
@@ -176,18 +169,15 @@ class EnvGroup:
 
 
 def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command: the whole window while commands come within
-    it (a rollout), a short one after a command that came later (an update phase)."""
+    """How long a worker polls for its next command: `longest` in a rollout, else a short window."""
     return longest if gap <= longest else min(longest, SHORT_SPIN)
 
 
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
-    """Ends this worker and the helpers its envs started (it leads their process group); if the
-    trainer is gone, first removes the folder its forkserver left in the temp dir: nobody else
-    would."""
+    """Ends this worker and its helpers; a dead trainer's forkserver temp dir is removed first."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
-    if tmpdir and poller.poll(wait * 1000):
+    if tmpdir and poller.poll(wait * 1000):  # the trainer is gone: nobody else would remove it
         shutil.rmtree(tmpdir, ignore_errors=True)
     if os.getpgid(0) == os.getpid():
         os.killpg(0, signal.SIGKILL)
@@ -195,8 +185,7 @@ def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
 
 
 def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
-    """A thread: ends this worker once the trainer is gone, however it died (its end of the lifeline
-    closes), even while the main thread is busy in env code."""
+    """A thread: ends this worker once the trainer is gone, even while env code runs."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     while not poller.poll():
@@ -213,9 +202,7 @@ def worker_main(
     spin: float,
     tmpdir: str | None,
 ):
-    """A worker process: builds its envs (indices from `first`), describes them, maps the shared
-    block, then answers commands until told to close; any failure is reported, then the worker
-    ends."""
+    """A worker: builds and describes its envs, maps the block, answers commands until CLOSE."""
     # fork start: the parent's ends of every pipe, so that its death reads as EOF
     for fd in close_fds:
         with contextlib.suppress(OSError):

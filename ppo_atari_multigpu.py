@@ -268,11 +268,12 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             return agent.get_policy(to_torch(obs))[0].argmax(-1).cpu().numpy()
 
     if args.eval_checkpoint is not None:
-        run.load(model=agent)
+        run.load(model=agent)  # the checkpoint's weights
         return run.evaluate(greedy, make_env)
 
     # What a checkpoint holds, kept at iteration boundaries (every rank's rng and envs): stops resume exactly
     state = {"model": agent, "optimizer": optimizer, "rng": rng}
+    # the run folder (or the resumed one, its state put back), the stop path and the closing line
     with run.start(device, num_iterations, batch_size, state) as writer:
         ddp_agent = agent  # what the update calls: with DDP, backward averages gradients over ranks
         if world_size > 1:
@@ -286,7 +287,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
-        for iteration in run.iterations():
+        for iteration in run.iterations():  # from 1, or where a resumed run stopped
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -398,6 +399,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
+            # episodes, SPS and perf/*_seconds to TensorBoard, and the progress line
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
         if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it
@@ -405,4 +407,4 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
 
 
 if __name__ == "__main__":
-    RankedRun.cli(main, Args, __doc__)
+    RankedRun.cli(main, Args, __doc__)  # parses Args, runs main with signals as stop requests, exits

@@ -264,7 +264,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         return (out if continuous else out.argmax(-1)).cpu().numpy()
 
     if args.eval_checkpoint is not None:
-        run.load(model=agent, obs_normalizer=normalize_obs)
+        run.load(model=agent, obs_normalizer=normalize_obs)  # the checkpoint's weights and statistics
         return run.evaluate(greedy, make_env)
 
     # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight for weight
@@ -275,8 +275,9 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         "obs_normalizer": normalize_obs,
         "rng": rng,
     }
+    # the run folder (or the resumed one, its state put back), the stop path and the closing line
     with run.start(device, num_iterations, batch_size, state) as writer:
-        envs, next_obs = run.make_envs(make_env, args.num_envs, seed=args.seed)  # env i: seed + i
+        envs, next_obs = run.make_envs(make_env, args.num_envs, seed=args.seed)  # env i: seed + i, or as saved
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
         action_type = np.float32 if continuous else np.int64
@@ -284,7 +285,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
-        for iteration in run.iterations():
+        for iteration in run.iterations():  # from 1, or where a resumed run stopped
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -294,13 +295,13 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
             # ROLLOUT: the policy is fixed until the update, so a step only samples actions
             for step in range(args.num_steps):
                 global_step += args.num_envs
-                obs[step] = normalize_obs(next_obs)
+                obs[step] = normalize_obs(next_obs)  # updates its running statistics, then normalizes
                 with torch.inference_mode():
                     actions[step] = sample(agent.get_policy(to_torch(obs[step])), rng)
                 env_start = time.perf_counter()
                 next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
                 env_time += time.perf_counter() - env_start
-                rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward
+                rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward  # updates its stats
                 ends[step] = terminations | truncations
                 # A time-limit cut still has a future: keep its last observation, for V(final_obs)
                 for i in np.flatnonzero(truncations & ~terminations):
@@ -393,6 +394,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 writer.add_scalar(f"losses/{name}", value, global_step)  # the mean over the update
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
+            # episodes, SPS and perf/*_seconds to TensorBoard, and the progress line
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
         # --save-model wrote <exp-name>.cleanrl_model at the last boundary: evaluate that policy
@@ -401,4 +403,4 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
 
 
 if __name__ == "__main__":
-    Run.cli(main, Args, __doc__)
+    Run.cli(main, Args, __doc__)  # parses Args, runs main with signals as stop requests, exits with its status

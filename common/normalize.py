@@ -25,6 +25,12 @@ class ObsNormalizer(nn.Module):
         self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
 
     def forward(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        """Args:
+            obs: a batch of observations, (n, obs_dim).
+            update: add them to the running statistics first (False: evaluation, bootstrap values).
+
+        Returns:
+            (obs - mean) / sqrt(var + 1e-8) clipped to +-10, float32; obs itself when not `enabled`."""
         mean, var, count = self.arrays
         if self.enabled and update:  # RunningMeanStd.update with a batch of observations
             delta, n = obs.mean(0) - mean, len(obs)
@@ -48,6 +54,12 @@ class RewardScaler(nn.Module):
         self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
 
     def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
+        """Args:
+            rewards, terminations: one step of every env, (num_envs,): each env's discounted return
+                and its running variance are updated with them (a termination ends the return).
+
+        Returns:
+            rewards / sqrt(var + 1e-8), clipped to +-10."""
         returns, mean, var, count = self.arrays
         returns[:] = returns * self.gamma * ~terminations + rewards
         delta, total = returns - mean, count + 1  # RunningMeanStd.update with one sample per env

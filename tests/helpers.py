@@ -102,7 +102,7 @@ def free_port() -> int:
 def spawn(cmd: list, cwd, extra_env: dict | None = None, session: bool = True) -> subprocess.Popen:
     """cmd started with text pipes, unbuffered, in a session of its own (a failed test kills its whole
     process group) unless `session` is False."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, **pipes, start_new_session=session)
 

@@ -126,6 +126,12 @@ CASES = [
     (VEC, ["--resume", "."], "--resume .: a folder: give the checkpoint.pt in it"),
     (ATARI, ["--eval-checkpoint", "zero.pt"], "--eval-checkpoint zero.pt: not a regular file"),
     *[(script, ["--clip-coef", "1e300"], "--clip-coef must be in (0, 10] (the ratio") for script in (VEC, ATARI)],
+    (
+        VEC,
+        ["--num-steps", "1000000000", "--total-timesteps", "8000000000"],
+        "--num-steps 1000000000 x --num-envs 8: the rollout's observations alone would take 119.2 GiB, and this",
+    ),
+    (ATARI, ["--local-num-envs", "100000", "--total-timesteps", "12800000"], "lower --num-steps or --local-num-envs"),
     (VEC, ["--vf-coef", "1e30"], "--vf-coef must be in [0, 1e6] (a float32 loss times it must stay a number)"),
     (ATARI, ["--learning-rate", "2"], "--learning-rate must be in (0, 1] (Adam moves each weight by about"),
     (

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from common.run import records
+from common.run import records, stops
 from common.run.errors import FlagError
 from common.sweep import report, runs
 from tests.helpers import (
@@ -475,7 +475,7 @@ def test_a_run_whose_sweep_died_while_it_started_does_not_train(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a launcher that has ended: this run's parent is another process
     slow = ["--env-id", "tests.envs:SlowStep-v0", "--total-timesteps", "6400"]  # 15 s of steps if it trained
-    ran = run_script(VEC, [*TINY, *slow], tmp_path, extra_env={records.END_WITH_PARENT: str(gone.pid)})
+    ran = run_script(VEC, [*TINY, *slow], tmp_path, extra_env={stops.END_WITH_PARENT: str(gone.pid)})
     assert ran.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in ran.stderr, ran.stderr
     assert not list(tmp_path.glob("runs/*__ppo_vec__*"))  # stopped while its env was probed: no folder
 

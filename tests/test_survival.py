@@ -342,3 +342,30 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
         f"ppo_vec.py: error: cannot make the run folder in {tmp_path / 'runs'} (a file of that "
         "name is in the way); run from a folder you can write to\n"
     )
+
+
+def test_a_plain_rerun_after_a_sigterm_resumes_its_run_by_its_run_id(tmp_path):
+    """A Kubernetes Job restarted after a SIGTERM runs the same command again: with --run-id it
+    finds its run, resumes it (another --num-threads is allowed and said), and once the run is done,
+    the same command trains nothing; another run id is another run."""
+    args = [*CARTPOLE, "--total-timesteps", "1000000", "--run-id", "job-7"]
+    proc = start_training(VEC, args, tmp_path)
+    stderr = stop(proc, signal.SIGTERM, within=15)
+    assert proc.returncode == 143 and "ppo_vec.py: stopped by SIGTERM: " in stderr, stderr
+    run_dir = tmp_path / "runs" / "CartPole-v1__ppo_vec__1__job-7"
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
+    shorter = [*CARTPOLE, "--total-timesteps", str((saved + 2) * 128), "--run-id", "job-7", "--no-anneal-lr"]
+    out = run_script(VEC, [*shorter, "--num-threads", "2"], tmp_path)
+    assert out.returncode == 2 and "--run-id job-7 (runs/CartPole-v1__ppo_vec__1__job-7/checkpoint.pt) continues " in (
+        out.stderr
+    ), out.stderr  # --no-anneal-lr is another run: the id says which flags it has
+    out = run_script(VEC, [*shorter[:-1], "--num-threads", "2"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    start = next(line for line in out.stdout.splitlines() if "resuming from iteration" in line)
+    assert f"resuming from iteration {saved} " in start and "the envs as they were" in start, start
+    assert "--num-threads 2, not the 1 it trained with: its weights will differ from an unstopped run's" in start
+    out = run_script(VEC, shorter[:-1], tmp_path)
+    assert out.returncode == 0 and f"that run finished its {saved + 2} iterations already; nothing to do" in out.stdout
+    out = run_script(VEC, [*shorter[:-2], "job-8"], tmp_path)
+    assert out.returncode == 0 and (tmp_path / "runs" / "CartPole-v1__ppo_vec__1__job-8" / "checkpoint.pt").exists()
+    assert len(list((tmp_path / "runs").iterdir())) == 2

@@ -1,6 +1,5 @@
-"""A run's flags: what a run is (the flags that change what it learns), and the checks both
-scripts' flags get before anything starts, each a FlagError naming the flag and what it allows.
-Also the env id, and the env built once in a probe process (vecenv/layout.py)."""
+"""A run's flags: what a run is (the flags that change what it learns), and the checks both scripts'
+flags get before anything starts (a FlagError naming the flag), the env id and the probe included."""
 
 from __future__ import annotations
 
@@ -16,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
-from ..multiprocessing_env import check_layout
+from ..vecenv.errors import check_layout
 from ..vecenv.layout import ProbeFailed, probe
 from . import stops
 from .errors import FlagError
@@ -52,12 +52,12 @@ def scheduled(flags: dict[str, Any]) -> bool:
     return any(flags.get(name) for name in SCHEDULED)
 
 
-def given_fields(args_type: type, argv: list[str] | None = None) -> set[str]:
+def given_fields(args_type: type) -> set[str]:
     """The fields of args_type the command line gives (--norm-obs and --no-norm-obs both give
     norm_obs)."""
     spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
     spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
-    words = (word.split("=", 1)[0] for word in (sys.argv[1:] if argv is None else argv))
+    words = (word.split("=", 1)[0] for word in sys.argv[1:])
     return {spelled[word] for word in words if word in spelled}
 
 
@@ -95,9 +95,8 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
 
 
 def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
-    """FlagError for the first float flag that is NaN or infinite, then for the first flag that
-    breaks a rule of SHARED_FLAGS (for the fields args has) or of the script's own (field, ok,
-    allowed) rules."""
+    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks
+    a rule of SHARED_FLAGS (for the fields args has) or of `rules`, the script's own (field, ok, allowed)."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -117,9 +116,8 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
 
 
 def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bool, str]]:
-    """The rules of a batch: `envs` (the field of a rank's envs) x --num-steps, split into
-    --num-minibatches of 2 samples at least (--norm-adv divides by their std), and --total-timesteps
-    worth one batch of every rank at least."""
+    """The rules of a batch, `envs` (a rank's envs) x --num-steps: whole --num-minibatches of 2 samples
+    at least (--norm-adv divides by their std), and --total-timesteps of one batch of every rank at least."""
     n = getattr(args, envs)
     batch_size = n * args.num_steps
     batch = f"batch of {batch_size} steps ({flag(envs)} {n} x --num-steps {args.num_steps})"
@@ -133,15 +131,25 @@ def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bo
     ]
 
 
+def check_rollout(args: Any, envs: str, obs_space: gym.Space) -> None:
+    """FlagError for a rollout whose observations alone would not fit in this machine's memory."""
+    steps, n, memory = args.num_steps, getattr(args, envs), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if (need := steps * n * int(np.prod(obs_space.shape)) * obs_space.dtype.itemsize) > memory:
+        raise FlagError(
+            f"--num-steps {steps} x {flag(envs)} {n}: the rollout's observations alone would take {need / 2**30:.1f} "
+            f"GiB, and this machine has {memory / 2**30:.1f} GiB; lower --num-steps or {flag(envs)}"
+        )
+
+
 def check_bool_values(args_type: type, argv: list[str]) -> None:
     """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling):
     here they are switches, `--flag` or `--no-flag`."""
     switches = {flag(f.name) for f in dataclasses.fields(args_type) if "bool" in str(f.type)}
     # each word with the next
-    for given, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
-        name = given.split("=", 1)[0]
-        if name in switches and ("=" in given or value.lower() in ("true", "false", "1", "0", "yes", "no")):
-            value = given.split("=", 1)[1] if "=" in given else value
+    for word, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
+        name = word.split("=", 1)[0]
+        if name in switches and ("=" in word or value.lower() in ("true", "false", "1", "0", "yes", "no")):
+            value = word.split("=", 1)[1] if "=" in word else value
             raise FlagError(
                 f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
                 f"--no-{name[2:]} to turn it off"
@@ -178,9 +186,8 @@ def check_env_id(env_id: str) -> None:
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
-    """Builds the env once in a probe process, resets it and steps it (timed if it is gymnasium's
-    own: vecenv/layout.py): no env code runs here, and `bound` seconds bound the build. What the
-    probe found, or FlagError naming --env-id."""
+    """What vecenv/layout.py's probe finds of the env (built, reset and stepped in a process of its
+    own, within `bound` seconds), or FlagError naming --env-id."""
     try:
         return probe(make, bound, interrupt=stops.request, check_api=True)
     except ProbeFailed as exc:

@@ -11,9 +11,8 @@ from typing import Any
 
 
 class Progress:
-    """SPS, the progress line (at most every `every` seconds, and for the first and last
-    iterations), and the numbers of a summary over every segment of a resumed run (`earlier`: its
-    summary.json)."""
+    """SPS, the progress line (every `every` seconds, and for the first and last iterations), and a
+    summary's numbers over every segment of a resumed run (`earlier`: its summary.json)."""
 
     def __init__(self, last_step: int, first_step: int, prints: bool, recent: list, earlier: dict, every=2.0):
         self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
@@ -45,8 +44,7 @@ class Progress:
         )
 
     def log(self, writer: Any, global_step: int, episodes: list, restarts: int, timings: dict) -> None:
-        """charts/episodic_return and charts/episodic_length of each episode, charts/SPS,
-        perf/{part}_seconds, charts/worker_restarts; the progress line."""
+        """charts/episodic_return and _length, charts/SPS, perf/*_seconds, charts/worker_restarts."""
         self.global_step = global_step
         for step, episodic_return, episodic_length in episodes:
             self.recent_returns.append(float(episodic_return))
@@ -56,16 +54,15 @@ class Progress:
         for name, seconds in timings.items():
             writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
-        due = self.first_logged is None or time.time() - self.last_print >= self.every or global_step >= self.last_step
-        if self.prints and due:
+        print_now = self.first_logged is None or time.time() - self.last_print >= self.every
+        if self.prints and (print_now or global_step >= self.last_step):
             self.last_print = time.time()
             print(self.line(global_step, timings), flush=True)
         self.first_logged = self.first_logged or (global_step, time.time())
 
     def summary(self) -> dict[str, Any]:
         seconds = self.earlier_seconds + time.time() - self.start
-        # the steps of that time
-        done = self.global_step - (0 if self.earlier_seconds else self.first_step)
+        done = self.global_step - (0 if self.earlier_seconds else self.first_step)  # the steps of that time
         return {
             "global_step": self.global_step,
             "last_step": self.last_step,

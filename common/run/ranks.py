@@ -29,8 +29,7 @@ class RankedRun(Run):
 
     @contextlib.contextmanager
     def start(self, device: torch.device, *args: Any) -> Iterator[Any]:
-        """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or
-        --backend)."""
+        """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or --backend)."""
         if self.distributed:
             # the rendezvous waits for every rank in C++: a stop ends this rank at once
             stops.request.at_once = True
@@ -103,8 +102,8 @@ class RankedRun(Run):
         return gathered or []
 
     def _gather_episodes(self, episodes: list, restarts: int) -> tuple[list, int]:
-        everyone = self._gather((episodes, restarts))
-        return [episode for e, _ in everyone for episode in e], sum(r for _, r in everyone)
+        all_ranks = self._gather((episodes, restarts))
+        return [episode for e, _ in all_ranks for episode in e], sum(r for _, r in all_ranks)
 
     def _ranks_note(self, first_seed: int) -> str:
         seeds = self._gather(list(range(first_seed, first_seed + self.envs.num_envs)))
@@ -114,8 +113,7 @@ class RankedRun(Run):
 
     @staticmethod
     def lost_rank(exc: BaseException) -> bool:
-        """True for the error a collective raises when another rank is gone (gloo and NCCL say so in
-        their words)."""
+        """True for the error a collective raises when another rank is gone (in gloo's or NCCL's words)."""
         if not (dist.is_available() and dist.is_initialized()):
             return False
         text = str(exc).lower()

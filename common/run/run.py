@@ -1,20 +1,16 @@
 """A run of a training script as its `main` sees it: one object that owns the flags, the env probed
 once, the run folder and writer, the envs, the state kept at iteration boundaries and the
-checkpoints written from it, the stop's safe points, and the one place a run ends. Run.cli exits 0
-done; 1 a failure (one line; a bug keeps its traceback); 2 a bad flag or file, before anything
-started; 128 + signal (130 SIGINT, 143 SIGTERM) when stopped, after saving.
-"""
+checkpoints written from it, the stop's safe points, and the one place a run ends (Run.cli, the
+script's entry point, is cli.py's)."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,20 +20,27 @@ import torch
 
 from ..multiprocessing_env import SubprocVecEnv, WorkerError
 from ..vecenv import process_control
-from . import flags, progress, records, stops
+from . import cli, flags, progress, records, stops
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped
 
 # a boundary's state is kept once this many times what keeping the last one took has passed
 KEEP_EVERY = 50
 TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
-# the closing line a run composed, and whether it goes to stderr
-_closing_lines: list[tuple[str, bool]] = []
 
 
 class Run:
-    """A new run, the one --resume names, or the checkpoint --eval-checkpoint evaluates. `args`:
-    the flags it runs with; `dir`: its folder (None before `start`, and on ranks other than 0)."""
+    """A new run, the one --resume (or --run-id) names, or the checkpoint --eval-checkpoint evaluates:
+    `args` the flags it runs with (a resumed run's own), `dir` its folder (from `start`, on rank 0).
+
+    Args:
+        args: the script's flags (its Args dataclass, as parsed).
+        rank, world_size, local_world_size: this process's place among torchrun's ranks.
+
+    Raises:
+        FlagError: a flag, an env id or a checkpoint the command line names that cannot be used."""
+
+    cli = staticmethod(cli.run)  # a script's entry point: Run.cli(main, Args, __doc__)
 
     def __init__(self, args: Any, rank: int = 0, world_size: int = 1, local_world_size: int = 1):
         self.script = Path(sys.modules[type(args).__module__].__file__).name
@@ -48,8 +51,8 @@ class Run:
         self.args, self.checkpoint = self._flags(args)
         if getattr(self.args, "num_threads", 1) is None:  # this rank's share of the cores, kept by a resume
             self.args.num_threads = self.cores
-        envs = "local_num_envs" if hasattr(args, "local_num_envs") else "num_envs"
-        flags.check(self.args, flags.batch_rules(self.args, envs, world_size))
+        self.envs_flag = "local_num_envs" if hasattr(args, "local_num_envs") else "num_envs"  # a rank's envs
+        flags.check(self.args, flags.batch_rules(self.args, self.envs_flag, world_size))
         flags.check_env_id(self.args.env_id)  # imports the module of a module:EnvId id
         self.dir: Path | None = None
         self.device = self.envs = self.writer = self.progress = None
@@ -64,10 +67,9 @@ class Run:
         self.kept_at, self.keeping = None, 0.0
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume (or --run-id, of a run
-        that saved) goes on with the run's own (the command line may change those that change nothing
-        learned, and --total-timesteps); --eval-checkpoint evaluates with them (the command line's for
-        those that change nothing)."""
+        """The flags to run with, and the checkpoint they come from: --resume (or --run-id, of a run that
+        saved) goes on with the run's own, but for those the command line may change (TOLERATED ones, and
+        --total-timesteps); --eval-checkpoint evaluates with them, the command line's TOLERATED ones."""
         if args.resume is not None and args.eval_checkpoint is not None:
             raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
         path = args.resume if args.resume is not None else args.eval_checkpoint
@@ -113,31 +115,44 @@ class Run:
         return resumed, checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
-        """Builds make_env(args, 0, None)() once in a probe process, resets and steps it (and
-        times it, if it is one of gymnasium's own): its observation and action spaces. The answer
-        also decides where the envs step. No env code runs here; FlagError naming --env-id if it
-        cannot be built."""
+        """Builds make_env(args, 0, None)() once in a probe process (no env code runs here), resets
+        and steps it, and times it if it is one of gymnasium's own: what decides where the envs step.
+
+        Returns:
+            Its observation space and action space.
+
+        Raises:
+            FlagError: naming --env-id, if it cannot be built or speaks gym's old API; naming
+                --num-steps, if the rollout's observations would not fit in memory."""
         env_fn = make_env(dataclasses.replace(self.args, capture_video=False), 0, None)
         self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0)
+        flags.check_rollout(self.args, self.envs_flag, self.probed["spaces"][0])
         return self.probed["spaces"]
 
     def load(self, **state: Any) -> None:
-        """Puts the state --eval-checkpoint holds into these objects (model=agent, ...)."""
+        """Puts the state --eval-checkpoint holds into these objects (model=agent, ...), through
+        their load_state_dict. FlagError if the checkpoint holds none of one, or one of other sizes."""
         records.check_fields(self.checkpoint, state, self.where, self.script)
         for name, obj in state.items():
             records.load_state(obj, self.checkpoint[name], self.where)
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
-        """The run, from its folder to its closing line, around the block; yields the TensorBoard
-        writer.
+        """The run, from its folder to its closing line, around the block: a stop, an env failure or a
+        lost rank saves the state of the last boundary kept; then summary.json and the closing line.
 
-        `state` is what a checkpoint holds and a resume puts back: objects with state_dict() and
-        load_state_dict() (model, optimizer, normalizers: rank 0's) and numpy or torch random
-        generators (every rank's). Whatever else the loop must carry over a stop (a buffer, another
-        generator) goes here too; torch's own generators (dropout, torch.randn) are kept without
-        asking. A stop, an env failure or a lost rank saves the state of the last boundary kept;
-        then summary.json and the closing line."""
+        Args:
+            device: where the model trains. num_iterations, steps: the iterations, the global steps of each.
+            state: what a checkpoint holds and a resume puts back: objects with state_dict() and
+                load_state_dict() (model, optimizer, normalizers) and numpy or torch generators (every
+                rank's). Whatever else the loop carries over a stop goes here too; torch's own
+                generators (dropout, torch.randn) are kept without asking.
+
+        Yields:
+            The TensorBoard writer (a silent one on ranks other than 0).
+
+        Raises:
+            FlagError: a checkpoint that does not fit `state` or these ranks. Finished: nothing left to do."""
         state = {**state, "torch_rng": torch.default_generator}
         if device.type == "cuda":
             torch.cuda.init()  # (default_generators is empty until then)
@@ -176,10 +191,7 @@ class Run:
                 self._close(status)
 
     def _resume(self) -> dict:
-        """Puts the checkpoint's state into `state`, then holds the run's folder and says there it
-        runs again; returns its summary so far. FlagError unless the checkpoint holds all of it,
-        written with as many ranks; Finished (the summary then says done) if nothing is left to
-        do."""
+        """Puts the checkpoint's state into `state`, then holds the run's folder; its summary so far."""
         checkpoint, path, where = self.checkpoint, self.args.resume, self.where
         names = [name for name in ("iteration", *self.state) if name not in TORCH_GENERATORS]
         records.check_fields(checkpoint, names, where, self.script)
@@ -189,7 +201,7 @@ class Run:
         if self.is_main:
             self.dir = Path(path).parent
             earlier = records.read_json(self.dir / "summary.json") or {}
-            self.saved_iteration = _iteration_of(self.dir / "checkpoint.pt")
+            self.saved_iteration = records.iteration_of(self.dir / "checkpoint.pt")
         if done >= self.num_iterations:
             if self.is_main and self.saved_iteration == done and earlier.get("status") != "done":
                 os.close(records.hold(self.dir / records.LOCK))  # all trained: the summary says done
@@ -228,10 +240,13 @@ class Run:
         return earlier
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
-        """num_envs envs of make_env in a SubprocVecEnv laid out as the probe decided (or
-        --num-workers says), closed as the run ends; and the observations to act on first: the
-        envs as the checkpoint left them, or reset with seed + i for env i (after a stop, seeds
-        no earlier part of the run used)."""
+        """Builds make_env(args, i, dir) for i < num_envs in a SubprocVecEnv laid out as the probe
+        decided (or --num-workers says), closed as the run ends, and prints the start line.
+
+        Returns:
+            The envs, and the observations to act on first: the envs' as the checkpoint left them,
+            or those of a reset seeding env i with seed + i (after a stop, seeds no earlier part
+            of the run used)."""
         args, bounds = self.args, {"max_restarts": self.args.max_restarts, "step_timeout": self.args.step_timeout}
         env_fns = [make_env(args, i, self.dir) for i in range(num_envs)]
         layout = {"num_workers": self._num_workers(), "interrupt": self._interrupt(), "probe": self.probed}
@@ -259,8 +274,8 @@ class Run:
         return envs, next_obs
 
     def iterations(self) -> Iterator[int]:
-        """The iterations left to do. Before each and after the last, the state at that boundary
-        is kept (a stop saves it) where KEEP_EVERY allows or a save is due: every
+        """Yields the iterations left to do (from 1). Before each and after the last, the state at
+        that boundary is kept (a stop saves it) where KEEP_EVERY allows or a save is due: every
         --checkpoint-interval iterations, and at the end (with --save-model, also as
         <exp-name>.cleanrl_model)."""
         for iteration in range(self.start_iteration, self.num_iterations + 1):
@@ -284,7 +299,9 @@ class Run:
                 "recent_returns": [*self.progress.recent_returns],
             }
             for name, obj in self.state.items():
-                self.last[name] = [g[name] for g, _ in all_ranks] if _per_rank(obj) else _copy(obj.state_dict())
+                self.last[name] = (
+                    [g[name] for g, _ in all_ranks] if _per_rank(obj) else records.copy_state(obj.state_dict())
+                )
         # The first keeping pays for what is done once, so it is not timed: the next one is
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
@@ -297,8 +314,7 @@ class Run:
             print(f"model saved to {path}", flush=True)
 
     def _keep(self) -> bool:
-        """Whether to keep this boundary's state: once KEEP_EVERY times what keeping the last one
-        took has passed since (keeping costs under 2% of the time)."""
+        """Whether KEEP_EVERY times what keeping the last boundary took has passed since."""
         return self.kept_at is None or time.perf_counter() - self.kept_at >= KEEP_EVERY * self.keeping
 
     def save(self, status: str = "running") -> None:
@@ -308,13 +324,20 @@ class Run:
         self._summarize(status)
 
     def stop_if_asked(self) -> None:
-        """A safe point: Stopped if a stop signal came (the run then saves the last boundary
-        kept)."""
+        """A safe point: raises Stopped if a stop signal came (the run then saves the last boundary
+        kept, and ends)."""
         stops.request.check()
 
     def log(self, global_step: int, episodes: list[tuple], timings: dict[str, float]) -> None:
-        """Logs each finished episode (global step, raw return, length), SPS, where the time went
-        and worker restarts, and prints the progress line; RunError if a weight became NaN/Inf."""
+        """Logs to TensorBoard and prints the progress line (every 2 s).
+
+        Args:
+            global_step: the steps done.
+            episodes: each episode finished this iteration: (global step, raw return, length).
+            timings: seconds of this iteration by part ({"env": ..., "update": ...}): perf/*_seconds.
+
+        Raises:
+            RunError: a weight of a model in the state became NaN or infinite."""
         for name, obj in self.state.items():
             if isinstance(obj, torch.nn.Module) and not all(p.isfinite().all() for p in obj.parameters()):
                 raise RunError(
@@ -324,10 +347,11 @@ class Run:
         self.progress.log(self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings)
 
     def evaluate(self, act: Callable[[Any], Any], make_env: Callable) -> list[float]:
-        """Raw returns of --eval-episodes whole episodes (whole games, for Atari) on env 0 of
-        make_env, acting with act(obs) on a batch of one; printed, and logged as
-        eval/episodic_return in a run. The env steps where the probe decided: in a worker, unless
-        it is gymnasium's own."""
+        """Plays --eval-episodes whole episodes (whole games, for Atari) on env 0 of make_env, where
+        the probe decided it steps, acting with act(obs) on a batch of one.
+
+        Returns:
+            Their raw returns, also printed and, in a run, logged as eval/episodic_return."""
         if not self.is_main:
             return []
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
@@ -387,9 +411,8 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """summary.json, the closing line `cli` prints last, and the folder let go (.lock
-        removed). A run stopped while it evaluates its last checkpoint is done: nothing is left
-        to train."""
+        """summary.json, the closing line, the folder let go; a run stopped while it evaluates its
+        last checkpoint is done."""
         trained = self.saved_iteration == self.num_iterations
         shown = f"done (its evaluation: {status})" if trained and status != "done" else status
         summary, mean = self._summarize("done" if trained else status), self.progress.mean_return()
@@ -405,61 +428,7 @@ class Run:
             line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
             line += f" --env-id {self.args.env_id}" if ":" in self.args.env_id else ""  # it imports the module
         (self.dir / records.LOCK).unlink(missing_ok=True)  # the lock itself ends with the process
-        _closing_lines.append((line, shown != "done"))
-
-    @classmethod
-    def cli(cls, main: Callable[[Any], Any], args_type: type, doc: str) -> None:
-        """Parses args_type from the command line (--help opens with the first two paragraphs of
-        `doc`), runs main(args) with stop signals (stops.py) as stop requests, and exits with the
-        status its outcome calls for, after the closing line. Under torchrun every failing rank
-        says why, with its rank; rank 0 alone says a stop."""
-        import tyro
-
-        script = Path(sys.argv[0]).name
-        rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        me = f"{script}: rank {rank}" if world_size > 1 else script
-
-        def close(status: int, message: str | None = None) -> None:
-            if message is not None:
-                print(f"{me}: {message}", file=sys.stderr, flush=True)
-            for line, to_stderr in _closing_lines:
-                print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
-            # the run is over: a launcher's forwarded signal must not end the exit
-            stops.request.ignore()
-            sys.exit(status)
-
-        stops.request.install()
-        _end_with_launcher()
-        try:
-            flags.check_bool_values(args_type, sys.argv[1:])
-            try:
-                args = tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2]))
-            except (SystemExit, BrokenPipeError) as exc:  # --help (tyro exits), maybe into `| head`
-                with contextlib.suppress(BrokenPipeError):
-                    sys.stdout.flush()
-                    if not isinstance(exc, BrokenPipeError):
-                        raise
-                # the reader left: no complaint
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                raise SystemExit(0) from None
-            main(args)
-        except Finished as exc:
-            if rank == 0:
-                print(f"{script}: {exc}", flush=True)
-        except FlagError as exc:
-            close(2, f"error: {exc}")
-        except Stopped as exc:
-            # stopped before training started: nothing else to say
-            if rank == 0 and not _closing_lines:
-                print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
-            close(128 + exc.signum)
-        except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
-            bound = "; --step-timeout sets that bound, --max-restarts N replaces a stuck worker"
-            close(1, f"error: {exc}{bound if isinstance(exc, TimeoutError) else ''}")
-        except Exception:  # noqa: BLE001 - a bug: its traceback
-            traceback.print_exc()
-            close(1)
-        close(0)
+        cli.closing_lines.append((line, shown != "done"))  # cli.run prints it last
 
 
 def _per_rank(obj: Any) -> bool:
@@ -469,39 +438,3 @@ def _per_rank(obj: Any) -> bool:
 
 def _rng_state(generator: Any) -> Any:
     return generator.bit_generator.state if isinstance(generator, np.random.Generator) else generator.get_state()
-
-
-def _copy(state: Any) -> Any:
-    """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of
-    deepcopy's time)."""
-    if isinstance(state, (torch.Tensor, np.ndarray)):
-        return state.clone() if isinstance(state, torch.Tensor) else state.copy()
-    if type(state) in (list, tuple) or isinstance(state, dict):
-        copied = {key: _copy(value) for key, value in (state.items() if isinstance(state, dict) else enumerate(state))}
-        return copied if isinstance(state, dict) else type(state)(copied.values())
-    return copy.deepcopy(state)
-
-
-def _iteration_of(path: Path) -> int | None:
-    """The iteration the checkpoint at `path` holds (None: none there, or it cannot be read)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iteration"]
-    except Exception:  # noqa: BLE001 - no readable checkpoint there
-        return None
-
-
-def _end_with_launcher() -> None:
-    """Under torchrun, or a launcher that sets END_WITH_PARENT to its pid (a sweep): SIGTERM to
-    this run when its launcher dies (SIGKILL included), so that it stops through its stop path,
-    and saves, instead of training on alone. A launcher that died while this process was starting
-    is seen by its pid."""
-    launcher = os.environ.pop(records.END_WITH_PARENT, "")  # not passed on to what this run starts
-    torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
-    if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid() if torchrun else int(launcher)
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before we asked
-        os.kill(os.getpid(), signal.SIGTERM)

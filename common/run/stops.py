@@ -18,6 +18,8 @@ from pathlib import Path
 
 from ..vecenv.process_control import STOP_SIGNALS
 
+# a launcher's pid: the run stops (and saves) when it dies
+END_WITH_PARENT = "PPO_VEC_END_WITH_PARENT"
 STOP_WITHIN = 120.0  # seconds a stop may take, saving included, before the process ends regardless
 # seconds within which a second SIGINT is the first one forwarded, not a second Ctrl-C
 SAME_STOP = 1.0
@@ -103,3 +105,18 @@ def _end_now(message: str, status: int) -> None:
 
 
 request = StopRequest()  # this process's: signals are the process's, not a run's
+
+
+def end_with_launcher() -> None:
+    """Under torchrun, or a launcher that set END_WITH_PARENT to its pid (a sweep): SIGTERM to this
+    run when its launcher dies, even while this process was starting, so that it stops and saves."""
+    launcher = os.environ.pop(END_WITH_PARENT, "")  # not passed on to what this run starts
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
+    if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid() if torchrun else int(launcher)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)

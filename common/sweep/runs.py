@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..run import flags, records
+from ..run import flags, records, stops
 from ..run.flags import flag
 from ..vecenv.process_control import STOP_SIGNALS
 
@@ -350,7 +350,7 @@ class RunJob:
     def _run(self, run: Run, cmd: list[str]) -> int:
         log = Path(run.cwd, "runs", "sweep", f"{run.key}.log")
         # the run stops when the sweep dies
-        env = dict(os.environ, **{records.END_WITH_PARENT: str(os.getpid())})
+        env = dict(os.environ, **{stops.END_WITH_PARENT: str(os.getpid())})
         with open(log, "a") as out:
             self.proc = subprocess.Popen(cmd, cwd=run.cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
             STOP.started(self.proc)
@@ -374,7 +374,10 @@ class RunJob:
                 select.select([exited], [], [], WAIT)  # the scripts bound their own stop path at 120 s
                 os.close(exited)
         folder = run.folder()
-        print(f"{run.label}: {ended(records.read_json(folder / 'summary.json') if folder else None)}; requeued")
+        print(
+            f"{run.label}: {ended(records.read_json(folder / 'summary.json') if folder else None)}; requeued",
+            flush=True,
+        )
         return submitit.helpers.DelayedSubmission(self, run)
 
     def __getstate__(self) -> dict:
@@ -398,9 +401,9 @@ def submitit_executor(args: argparse.Namespace) -> Any:
         executor = submitit.AutoExecutor(folder=folder, cluster="local")
         executor.update_parameters(timeout_min=args.timeout_min)
         return executor
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    # a job comes back as many times as its run needs (submitit's default: 3 timeouts)
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=1_000_000)
     params = {
-        "slurm_max_num_timeout": 1_000_000,  # a job comes back as many times as its run needs
         "timeout_min": args.timeout_min,
         "slurm_array_parallelism": args.jobs,
         "slurm_partition": args.partition,
@@ -424,7 +427,18 @@ def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     jobs = executor.map_array(RunJob(), runs)
     print(f"submitted {len(jobs)} jobs ({', '.join(job.job_id for job in jobs[:3])}...)", flush=True)
-    return [job.result() for job in jobs]
+    outcomes = []
+    for run, job in zip(runs, jobs, strict=True):
+        try:
+            outcomes.append(job.result())
+        except Exception:  # noqa: BLE001 - a job that ended with no result (cancelled, killed, failed): said below
+            folder = run.folder()
+            did = f"job {job.job_id} ended with no result ({job.state}; its log: {job.paths.stdout})"
+            summary = records.read_json(folder / "summary.json") if folder else None
+            outcomes.append(
+                {"run": run.label, "did": did, "exit": None, "folder": folder and str(folder), "summary": summary}
+            )
+    return outcomes
 
 
 MAX_RUNS = 10_000  # seeds a sweep takes at most (a range such as 0-4294967295 is a typo)

@@ -1,0 +1,315 @@
+"""On a real Slurm (slurm/local_slurm.sh: two nodes, n1 and n2, on this machine; .ci/run starts it):
+a time limit, a preemption notice, a requeue and a hard kill, each ending with the run done and the
+weights of the run never stopped, for both batch scripts and the sweep. Skipped, saying why, where no
+such Slurm answers. Slurm holds a requeued job back two minutes (its begin time); the tests release it
+at once, as an admin would (scontrol update StartTime=now)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ATARI_TINY, LONG, REPO, VEC_TINY, free_port, run_command
+
+pytestmark = pytest.mark.e2e
+# gymnasium's CartPole, a millisecond slower a step: a run lasts as long on a busy machine as on a quiet one
+PACED = [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "0"]
+MODEL = ["--save-model", "--eval-episodes", "0"]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The environment Slurm's commands and jobs run in, or a skip saying why there is none."""
+    if shutil.which("sbatch") is None or not os.environ.get("SLURM_CONF"):
+        pytest.skip("no Slurm here: as root, slurm/local_slurm.sh start, then export SLURM_CONF=... (docs/cluster.md)")
+    try:
+        subprocess.run(["sinfo"], capture_output=True, timeout=20, check=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        pytest.skip(f"Slurm does not answer at SLURM_CONF={os.environ['SLURM_CONF']}: {exc}")
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # jobs run this Python
+    return dict(os.environ, PATH=path, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+
+
+def slurm_command(env: dict, *args: str) -> str:
+    out = subprocess.run(list(args), capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, f"{args}: {out.stderr}"
+    return out.stdout
+
+
+def sbatch(env: dict, cwd: Path, script: str, *flags: str, options: tuple = ()) -> str:
+    """Submits slurm/<script> from `cwd`, which holds the scripts as a user's checkout does, with
+    the training script's flags; the job's id."""
+    cwd.mkdir(parents=True)
+    for name in ("ppo_vec.py", "ppo_atari_multigpu.py"):
+        (cwd / name).symlink_to(REPO / name)
+    command = ["sbatch", "--parsable", *options, str(REPO / "slurm" / script), *flags]
+    return subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=True
+    ).stdout.strip()
+
+
+def job_state(env: dict, job: str) -> str:
+    return slurm_command(env, "scontrol", "show", "job", job).split("JobState=")[1].split()[0]
+
+
+def wait_until(what: str, ready, timeout: float = 300.0):
+    """ready()'s first true answer within `timeout` seconds; an AssertionError naming `what` past it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answer := ready():
+            return answer
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout:g} s")
+
+
+# Seconds a requeued job waits before the tests release it: a node refuses to start it again within the
+# second its last slice ended (its credential was revoked then)
+SETTLE = 3.0
+
+
+def release(env: dict, job: str) -> None:
+    """Once the job is requeued (pending), lets it start now rather than in Slurm's two minutes."""
+    wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING")
+    time.sleep(SETTLE)
+    slurm_command(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
+
+
+def summary_of(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def saved_after(folder: Path, iteration: int | None) -> int:
+    """Waits until the run in `folder` trains and saves past `iteration` (None: any save); the
+    iteration saved."""
+
+    def saved() -> int | None:
+        summary = summary_of(folder)
+        saved = summary.get("checkpoint_iteration") if summary.get("status") == "running" else None
+        return saved if saved is not None and saved > (iteration or 0) else None
+
+    return wait_until(f"a save past iteration {iteration} in {folder}", saved)
+
+
+def assert_same_weights(resumed: Path, expected: Path, script: str) -> None:
+    resumed_state = torch.load(resumed / f"{script}.cleanrl_model", weights_only=True)
+    expected_state = torch.load(expected / f"{script}.cleanrl_model", weights_only=True)
+    for key in ("model", "optimizer"):
+        torch.testing.assert_close(resumed_state[key], expected_state[key], rtol=0, atol=0)
+
+
+def resumes_in(log: str) -> list[int]:
+    """The iteration each slice in a log resumed from."""
+    return [
+        int(line.split("resuming from iteration ")[1].split()[0]) for line in log.splitlines() if "resuming" in line
+    ]
+
+
+def kill_hard(cwd: Path, marker: str) -> None:
+    """SIGKILL to every process that runs in `cwd` with `marker` in its command line (a run's trainer:
+    its workers end with it), at once and with no warning, as the OOM killer or a lost node would."""
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            if entry.name.isdigit() and marker.encode() in command and Path(entry / "cwd").resolve() == cwd:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def reference_run(env: dict, cwd: Path, *flags: str) -> subprocess.Popen:
+    """The same run, never stopped, outside Slurm (beside the job: its steps mostly sleep)."""
+    cwd.mkdir()
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "ppo_vec.py"), *flags], cwd=cwd, env=env, stdout=subprocess.DEVNULL
+    )
+
+
+def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard_kill(slurm, tmp_path):
+    """One job, stopped three ways: a preemption notice (SIGUSR2 to the job's steps: the run saves, the
+    job requeues itself), a requeue by Slurm (SIGTERM to everything: the run saves, Slurm brings it
+    back), a SIGKILL to the run after a periodic save (the job fails; an admin requeues it). Each slice
+    resumes from the checkpoint the last one left; the run ends with the weights of the run never
+    stopped; requeued once more, the job trains nothing."""
+    flags = [*PACED, "--total-timesteps", str(80 * 128), "--checkpoint-interval", "5", *MODEL]
+    reference = reference_run(slurm, tmp_path / "full", *flags)
+    job = sbatch(slurm, tmp_path / "job", "ppo_vec.sbatch", *flags)
+    folder = tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__1__{job}"
+    saved_after(folder, None)
+    slurm_command(slurm, "scancel", "--signal=USR2", job)  # a preemption notice
+    release(slurm, job)
+    notice = summary_of(folder)
+    assert notice["status"] == "stopped by SIGUSR2", notice
+    saved_after(folder, notice["checkpoint_iteration"])
+    slurm_command(slurm, "scontrol", "requeue", job)
+    release(slurm, job)
+    requeue = summary_of(folder)
+    assert requeue["status"] == "stopped by SIGTERM", requeue
+    killed_at = saved_after(folder, requeue["checkpoint_iteration"])
+    kill_hard(tmp_path / "job", f"--run-id {job} ")  # the job ends, failed
+    wait_until(f"job {job} ended", lambda: job_state(slurm, job) == "FAILED")
+    slurm_command(slurm, "scontrol", "requeue", job)
+    release(slurm, job)
+    wait_until(f"job {job} done", lambda: job_state(slurm, job) == "COMPLETED")
+    assert summary_of(folder)["status"] == "done" and reference.wait(timeout=300) == 0
+    assert_same_weights(folder, next((tmp_path / "full" / "runs").iterdir()), "ppo_vec")
+    log = tmp_path / "job" / f"slurm-ppo_vec-{job}.out"
+    text = log.read_text()
+    # each slice goes on from what the last one saved: at most the iterations since then are redone
+    assert resumes_in(text) == [notice["checkpoint_iteration"], requeue["checkpoint_iteration"], killed_at], text
+    assert text.count("requeued to resume") == 1 and "Traceback" not in text  # the notice's; Slurm requeued the rest
+    slurm_command(slurm, "scontrol", "requeue", job)  # once done, the same command finds the run finished
+    release(slurm, job)
+    wait_until(f"job {job} done again", lambda: job_state(slurm, job) == "COMPLETED")
+    last = log.read_text().rstrip().splitlines()[-1]
+    assert last.endswith(
+        "that run finished its 80 iterations already; nothing to do (a larger --total-timesteps continues it)"
+    )
+
+
+@pytest.mark.parametrize("stop", ["requeue", *LONG("notice", "time limit", "kill")])
+def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
+    """srun torchrun over the two nodes, a rank on each: a requeue by Slurm (in -m long also a
+    preemption notice, the time limit's warning, a hard kill after a save) stops both ranks, rank 0
+    saves, and the job comes back to end with the weights of the same job never stopped, equal on both
+    ranks, and no traceback from torchrun."""
+    iterations = 300 if stop == "time limit" else 60  # longer than a slice: 30 to 60 s
+    flags = [*ATARI_TINY, "--total-timesteps", str(iterations * 32), "--checkpoint-interval", "5", "--num-threads", "1"]
+    flags += MODEL
+    env = dict(slurm, MASTER_PORT=str(free_port()))
+    reference = sbatch(env, tmp_path / "reference", "ppo_atari_multigpu.sbatch", *flags)
+    wait_until(f"job {reference} done", lambda: job_state(env, reference) == "COMPLETED", timeout=400)
+    env["MASTER_PORT"] = str(free_port())
+    options = ("--time=2", "--signal=USR1@60") if stop == "time limit" else ()  # the warning: 30 to 60 s in
+    job = sbatch(env, tmp_path / "job", "ppo_atari_multigpu.sbatch", *flags, options=options)
+    folder = tmp_path / "job" / "runs" / f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__1__{job}"
+    saved = saved_after(folder, None)
+    if stop == "requeue":
+        slurm_command(env, "scontrol", "requeue", job)
+    elif stop == "notice":
+        slurm_command(env, "scancel", "--signal=USR1", job)
+    elif stop == "kill":
+        kill_hard(tmp_path / "job", f"ppo_atari_multigpu.py --run-id {job} ")  # both ranks
+        wait_until(f"job {job} ended", lambda: job_state(env, job) not in ("RUNNING", "COMPLETING"))
+        slurm_command(env, "scontrol", "requeue", job)
+    release(env, job)
+    stopped = summary_of(folder)
+    wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=400)
+    text = (tmp_path / "job" / f"slurm-ppo_atari-{job}.out").read_text()
+    assert summary_of(folder)["status"] == "done" and "Traceback" not in text, text
+    assert resumes_in(text)[0] == (saved if stop == "kill" else stopped["checkpoint_iteration"]), text
+    checksums = text.split("final parameter checksum per rank (equal: the ranks stayed in step): ")[1].splitlines()[0]
+    first, second = json.loads(checksums)
+    assert first == second
+    expected = tmp_path / "reference" / "runs" / f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__1__{reference}"
+    assert_same_weights(folder, expected, "ppo_atari_multigpu")
+
+
+class Releaser(threading.Thread):
+    """Beside a sweep: releases each of its jobs that Slurm holds back after a requeue."""
+
+    def __init__(self, env: dict):
+        super().__init__(daemon=True)
+        self.env, self.done = env, threading.Event()
+
+    def run(self) -> None:
+        held: dict[str, float] = {}  # job: when it was first seen held back
+        while not self.done.wait(1.0):
+            command = ["squeue", "-h", "-t", "PD", "-o", "%i %r"]
+            pending = subprocess.run(command, capture_output=True, text=True, env=self.env)
+            for job, reason in (line.split() for line in pending.stdout.splitlines()):
+                if reason == "BeginTime" and time.monotonic() - held.setdefault(job, time.monotonic()) > SETTLE:
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=self.env)
+                    del held[job]
+
+
+def sweep(env: dict, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "common.sweep",
+        str(REPO / "ppo_vec.py"),
+        "--env-ids",
+        "tests.envs:PacedCartPole-v1",
+    ]
+    releaser = Releaser(env)
+    releaser.start()
+    try:
+        return run_command([*command, *argv], cwd, timeout=900, extra_env=env)
+    finally:
+        releaser.done.set()
+
+
+@pytest.mark.parametrize("stop", ["time limit", *LONG("notice", "requeue", "kill")])
+def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
+    """Two seeds, a job each, through submitit: the time limit's warning (submitit's USR2, 90 s
+    before a 3-minute limit; in -m long also a preemption notice, a requeue by Slurm, a hard kill after
+    a save, after which the sweep run again resumes the run) stops each run, which saves, and its job
+    comes back until the run is done. The sweep exits 0 and its report averages both runs; each ends
+    with the weights of the same run never stopped; submitit's log says how each slice ended, and
+    nothing prints a traceback."""
+    # Slurm checks time limits every 30 s: the warning comes 30 to 90 s into a slice of a 3-minute job
+    steps = 700 if stop == "time limit" else 150
+    flags = [*PACED, "--total-timesteps", str(steps * 128), "--checkpoint-interval", "5", *MODEL]
+    references = [reference_run(slurm, tmp_path / f"full{seed}", *flags, "--seed", str(seed)) for seed in (1, 2)]
+    argv = ["--seeds", "1", "2", "--executor", "slurm", "--jobs", "2", "--timeout-min", "3", "--cpus-per-task", "1"]
+    argv += ["--report", "report", "--", *flags]
+    if stop != "time limit":
+        (tmp_path / "runs").mkdir()
+        stopper = threading.Thread(target=stop_sweep_jobs, args=(slurm, tmp_path, stop), daemon=True)
+        stopper.start()
+    out = sweep(slurm, tmp_path, *argv)
+    if stop == "kill":  # a run killed is unfinished: the sweep says so, and run again resumes it
+        assert out.returncode == 1 and "unfinished: " in out.stdout, out.stdout + out.stderr
+        out = sweep(slurm, tmp_path, *argv)
+    assert out.returncode == 0 and "unfinished" not in out.stdout, out.stdout + out.stderr
+    assert "| tests.envs:PacedCartPole-v1 | 2 | " in (tmp_path / "report" / "report.md").read_text()
+    for seed, reference in zip((1, 2), references, strict=True):
+        assert reference.wait(timeout=300) == 0
+        (folder,) = (tmp_path / "runs").glob(f"tests.envs-PacedCartPole-v1__ppo_vec__{seed}__*")
+        assert_same_weights(folder, next((tmp_path / f"full{seed}" / "runs").iterdir()), "ppo_vec")
+    logs = sorted((tmp_path / "runs" / "submitit").rglob("*_log.*"))
+    text = "".join(log.read_text() for log in logs if log.suffix == ".out")
+    assert "Traceback" not in "".join(log.read_text() for log in logs), logs
+    how = {"time limit": "stopped by SIGUSR2", "notice": "stopped by SIGUSR1", "requeue": "stopped by SIGTERM"}
+    for seed in (1, 2):  # each slice says how it ended: the stop (a killed one cannot), then done
+        assert f"seed {seed}: {how.get(stop, 'start')}" in text and f"seed {seed}: done, saved at iteration " in text
+        assert f"seed {seed}: resume (slice {1 if stop == 'kill' else 2} of job " in text, text
+
+
+def stop_sweep_jobs(env: dict, cwd: Path, stop: str) -> None:
+    """Beside a sweep: once each run has saved, stops its job as `stop` says."""
+    stopped: set[str] = set()
+    deadline = time.monotonic() + 300
+    while len(stopped) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for folder in (cwd / "runs").glob("tests.envs-PacedCartPole-v1__*"):
+            job = summary_of(folder).get("checkpoint_iteration") and slurm_job_of(env, folder)
+            if not job or job in stopped:
+                continue
+            stopped.add(job)
+            if stop == "notice":
+                subprocess.run(["scancel", "--signal=USR1", job], env=env)
+            elif stop == "requeue":
+                subprocess.run(["scontrol", "requeue", job], env=env)
+            else:
+                kill_hard(cwd, f"--seed {folder.name.split('__')[2]} --exp-name")  # the run's trainer
+
+
+def slurm_job_of(env: dict, folder: Path) -> str | None:
+    """The running array task whose run writes `folder`: seed s is task s - 1 (the sweep's order)."""
+    task = f"_{int(folder.name.split('__')[2]) - 1}"
+    jobs = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], capture_output=True, text=True, env=env)
+    return next((job for job in jobs.stdout.split() if job.endswith(task)), None)

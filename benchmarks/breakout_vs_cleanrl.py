@@ -7,6 +7,8 @@ own ppo_atari.py, on the same seeds and steps: each run's last-20 raw return, wa
     python benchmarks/breakout_vs_cleanrl.py --cleanrl DIR --runs RUNS --ours CHECKOUT
     # run nothing: summarize what finished in RUNS
     python benchmarks/breakout_vs_cleanrl.py --runs RUNS --seeds 1 2 --finished-only
+    # run what is missing, keeping the runs the results file holds (a session before, its RUNS gone)
+    python benchmarks/breakout_vs_cleanrl.py --cleanrl DIR --runs RUNS --seeds 1 2 --keep
 
 Each run is the script's own command, niced (`nice -n 10`: made to run beside other work), in
 RUNS/<name>-<seed>; the runs go one after another (ours, then CleanRL, seed by seed), and a run with
@@ -66,18 +68,25 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--finished-only", action="store_true", help="run nothing: summarize what finished")
+    parser.add_argument("--keep", action="store_true", help="keep the results file's runs that RUNS lacks")
     args = parser.parse_args()
     args.ours, args.cleanrl = args.ours.resolve(), args.cleanrl and args.cleanrl.resolve()
+    # Runs measured before (another session's RUNS, gone since) stay, each with its own command
+    earlier = json.loads(RESULTS.joinpath("learning_breakout_vs_cleanrl.json").read_text()) if args.keep else {}
     if not args.finished_only:
         for seed in args.seeds:
             for name, (cmd, env) in commands(args, seed).items():
-                if not (args.runs / f"{name}-{seed}" / "result.json").exists():
+                done = (args.runs / f"{name}-{seed}" / "result.json").exists() or f"{name}-{seed}" in earlier.get(
+                    "runs", {}
+                )
+                if not done:
                     run(args.runs / f"{name}-{seed}", cmd, env)
 
     commit = subprocess.run(
         ["git", "-C", str(args.ours), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
-    data = {"commit": commit.stdout.strip(), "steps": args.steps, "ours": {}, "cleanrl": {}, "runs": {}, "curves": {}}
+    commit = earlier.get("commit") or commit.stdout.strip()  # kept runs of ours: their commit
+    data = {"commit": commit, "steps": args.steps, "ours": {}, "cleanrl": {}, "runs": {}, "curves": {}}
     lines = [
         f"Breakout, {args.steps:,} steps: ppo_atari_multigpu.py (defaults, one rank; commit {data['commit']}) and",
         f"CleanRL's ppo_atari.py, each niced. Machine: {MACHINE}. Command: `python benchmarks/breakout_vs_cleanrl.py`.",
@@ -89,16 +98,23 @@ def main() -> None:
         for seed in args.seeds:
             folder = args.runs / f"{name}-{seed}"
             result = json.loads((folder / "result.json").read_text()) if (folder / "result.json").exists() else None
-            if result is None or result["exit"] != 0:
+            key = f"{name}-{seed}"
+            if (result is None or result["exit"] != 0) and key in earlier.get("runs", {}):
+                data[name][str(seed)], data["runs"][key] = earlier[name][str(seed)], earlier["runs"][key]
+                data["curves"][key], result = earlier["curves"][key], earlier["runs"][key]
+                games = "-"
+            elif result is None or result["exit"] != 0:
                 lines.append(f"| {name} seed {seed} | not finished | | | | |")
                 continue
-            run_dir = next((folder / "runs").iterdir())
-            steps, returns, wall = report.episodes(run_dir)
-            data[name][str(seed)] = round(report.final_return(run_dir), 2)
-            data["runs"][f"{name}-{seed}"] = result
-            data["curves"][f"{name}-{seed}"] = [*smoothed(steps, returns, 20), smoothed(wall, returns, 20)[0]]
+            else:
+                run_dir = next((folder / "runs").iterdir())
+                steps, returns, wall = report.episodes(run_dir)
+                data[name][str(seed)] = round(report.final_return(run_dir), 2)
+                data["runs"][key] = result
+                data["curves"][key] = [*smoothed(steps, returns, 20), smoothed(wall, returns, 20)[0]]
+                games = len(returns)
             lines.append(
-                f"| {name} seed {seed} | {data[name][str(seed)]:.1f} | {len(returns)} | {result['wall_seconds']:.0f} | "
+                f"| {name} seed {seed} | {data[name][str(seed)]:.1f} | {games} | {result['wall_seconds']:.0f} | "
                 f"{result['cpu_seconds']:.0f} | `{result['command']}` |"
             )
     ours = sum(data["ours"].values()) / max(len(data["ours"]), 1)

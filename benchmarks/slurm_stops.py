@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.report import MACHINE, RESULTS  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
 
 # case: (batch script, its job's name, flags, the run's folder, global steps an iteration)
 CASES = {
@@ -67,12 +68,7 @@ def summary(folder: Path) -> dict:
 
 
 def wait(what: str, ready, timeout: float = 600.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if answer := ready():
-            return answer
-        time.sleep(0.1)
-    raise SystemExit(f"{what}: not within {timeout:g} s")
+    return wait_until(what, ready, timeout, every=0.1)
 
 
 def trains(log: Path, slice_number: int) -> bool:

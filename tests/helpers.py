@@ -228,6 +228,16 @@ CLEANRL_TAGS = {
 }
 
 
+def wait_until(what: str, ready, timeout: float = 300.0, every: float = 0.5):
+    """ready()'s first true answer, asked every `every` seconds; AssertionError naming `what` past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answer := ready():
+            return answer
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:g} s")
+
+
 def all_gone(pids, within: float = 5.0) -> bool:
     """True once none of `pids` is alive, waiting up to `within` seconds."""
     deadline = time.monotonic() + within

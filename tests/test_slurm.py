@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ATARI_TINY, LONG, REPO, VEC_TINY, free_port, run_command
+from tests.helpers import ATARI_TINY, LONG, REPO, VEC_TINY, free_port, run_command, wait_until
 
 pytestmark = pytest.mark.e2e
 # gymnasium's CartPole, a millisecond slower a step: a run lasts as long on a busy machine as on a quiet one
@@ -60,16 +60,6 @@ def sbatch(env: dict, cwd: Path, script: str, *flags: str, options: tuple = ()) 
 
 def job_state(env: dict, job: str) -> str:
     return slurm_command(env, "scontrol", "show", "job", job).split("JobState=")[1].split()[0]
-
-
-def wait_until(what: str, ready, timeout: float = 300.0):
-    """ready()'s first true answer within `timeout` seconds; an AssertionError naming `what` past it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if answer := ready():
-            return answer
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout:g} s")
 
 
 # Seconds a requeued job waits before the tests release it: a node refuses to start it again within the

@@ -7,8 +7,9 @@ run, and curves.
     python benchmarks/learning.py cartpole-ablation
     python benchmarks/learning.py pendulum                # Pendulum-v1 with the README's flags, seeds 1-10
     python benchmarks/learning.py acrobot                 # Acrobot-v1 with the README's flags, seeds 1-10
-    # the MuJoCo preset on 4 envs (v5), 1M steps, seeds 1-3
-    python benchmarks/learning.py mujoco
+    # the MuJoCo preset on 4 envs (v5), 1M steps, seeds 1-3, each run's final model also evaluated
+    python benchmarks/learning.py mujoco --jobs 1
+    python benchmarks/learning.py mujoco --envs HalfCheetah-v5 Hopper-v5 --jobs 1 --runs DIR
     # ppo_atari_multigpu.py, 1M steps, seed 1 (~40 min, 2 cores)
     python benchmarks/learning.py breakout
     # 2 ranks x 4 envs vs 1 rank x 8 envs (same global batch)
@@ -22,11 +23,12 @@ run, and curves.
 Each run is the script's own command line (printed), in a scratch folder (or DIR with --runs),
 `--jobs` at a time (results do not depend on it: a run gives the same numbers alone or beside
 another). Writes benchmarks/results/learning_CASE.md, .json and .png (episodic return against global
-step, 20-episode mean), and for the ppo_vec cases the learning diagnostics (entropy, approx_kl,
-explained variance, value loss) per seed; the .json keeps the curves as drawn (smoothed, at most 300
-points each), not every episode. The statistics over seeds (mean +- std, IQM with a 95% bootstrap
-interval) and the curve bands come from common/sweep/report.py, as the sweep's report does (python
--m common.sweep ... --report).
+step, 20-episode mean) as each run ends, with the runs finished so far; for mujoco also each final
+model's deterministic evaluation over 10 episodes (--save-model: rl-baselines3-zoo's measure), and
+for the ppo_vec cases the learning diagnostics (entropy, approx_kl, explained variance, value loss)
+per seed; the .json keeps the curves as drawn (smoothed, at most 300 points each), not every episode.
+The statistics over seeds (mean +- std, IQM with a 95% bootstrap interval) and the curve bands come
+from common/sweep/report.py, as the sweep's report does (python -m common.sweep ... --report).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,11 +96,11 @@ OTHER_CASES = {
 DIAGNOSTICS = ["losses/entropy", "losses/approx_kl", "losses/explained_variance", "losses/value_loss"]
 
 
-def commands(case: str, seeds: list[int] | None) -> tuple[str, dict[str, list[str]]]:
+def commands(case: str, seeds: list[int] | None, envs: list[str] | None = None) -> tuple[str, dict[str, list[str]]]:
     if case == "mujoco":
         target = "at or above CleanRL's mean on each env (theirs v4, ours v5)"
-        flags = [*MUJOCO.split(), "--total-timesteps", "1000000"]
-        runs = [(env, seed) for env in MUJOCO_ENVS for seed in seeds or [1, 2, 3]]
+        flags = [*MUJOCO.split(), "--total-timesteps", "1000000", "--save-model"]
+        runs = [(env, seed) for env in envs or MUJOCO_ENVS for seed in seeds or [1, 2, 3]]
         return target, {f"{env} seed {s}": [VEC, "--env-id", env, *flags, "--seed", str(s)] for env, s in runs}
     if case in OTHER_CASES:
         return OTHER_CASES[case]
@@ -116,41 +118,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("case", choices=sorted(VEC_CASES) + sorted(OTHER_CASES) + ["mujoco"])
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds to run instead of the case's own")
+    parser.add_argument("--envs", nargs="+", choices=MUJOCO_ENVS, help="mujoco: these envs only")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--runs", type=Path, help="where the runs go, one subfolder each; finished ones are kept")
     parser.add_argument("--finished-only", action="store_true", help="with --runs: summarize what finished")
     args = parser.parse_args()
-    target, cmds = commands(args.case, args.seeds)
-    not_run = []
+    target, cmds = commands(args.case, args.seeds, args.envs)
     if args.finished_only and args.runs is None:
         parser.error("--finished-only summarizes the runs in --runs DIR: give it")
-    if args.finished_only:
-
-        def finished(label: str) -> bool:
-            summaries = list((args.runs / label.replace(" ", "_") / "runs").glob("*/summary.json"))
-            return bool(summaries) and (records.read_json(summaries[0]) or {}).get("status") == "done"
-
-        not_run = [label for label in cmds if not finished(label)]
-        cmds = {label: cmd for label, cmd in cmds.items() if label not in not_run}
     if args.runs is None:
         args.runs = Path(tempfile.mkdtemp(prefix=f"learning-{args.case}-"))
     print(f"runs go to {args.runs} (kept: summarize them again with --runs {args.runs})", flush=True)
     todo = {label: cmd for label, cmd in cmds.items() if not (args.runs / label.replace(" ", "_") / "runs").exists()}
+    if args.finished_only:
+        todo = {}
     with ThreadPoolExecutor(args.jobs) as pool:
-        for future in [
-            pool.submit(run, label, cmd, args.runs / label.replace(" ", "_")) for label, cmd in todo.items()
-        ]:
+        futures = [pool.submit(run, label, cmd, args.runs / label.replace(" ", "_")) for label, cmd in todo.items()]
+        for future in as_completed(futures):
             future.result()
+            summarize(args, target, cmds)  # a session that ends midway loses only the runs under way
+    summarize(args, target, cmds)
 
+
+def finished(args: argparse.Namespace, label: str) -> bool:
+    summaries = list((args.runs / label.replace(" ", "_") / "runs").glob("*/summary.json"))
+    return bool(summaries) and (records.read_json(summaries[0]) or {}).get("status") == "done"
+
+
+def summarize(args: argparse.Namespace, target: str, cmds: dict[str, list[str]]) -> None:
+    """The results of the runs finished so far, the others named."""
+    not_run = [label for label in cmds if not finished(args, label)]
+    cmds = {label: cmd for label, cmd in cmds.items() if label not in not_run}
+    if not cmds:
+        return
+    evaluated = args.case == "mujoco"
     lines = [
         f"Learning, {args.case} (target: {target}). Machine: {MACHINE}.",
         f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw return of its last 20",
         "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% bootstrap interval.",
+        *(["The final model's deterministic evaluation: its mean return over 10 episodes (--save-model)."] * evaluated),
         "",
-        "| run | command | episodes | last-20 mean return |",
-        "|---|---|---|---|",
+        "| run | command | episodes | last-20 mean return |" + (" deterministic eval, 10 episodes |" * evaluated),
+        "|---|---|---|---|" + ("---|" * evaluated),
     ]
-    curves, finals, diagnostics, folders = {}, {}, {}, {}
+    curves, finals, evals, diagnostics, folders = {}, {}, {}, {}, {}
     for label, cmd in cmds.items():
         run_dir = folders[label] = next((args.runs / label.replace(" ", "_") / "runs").iterdir())
         scalars = read_scalars(run_dir)
@@ -161,13 +172,25 @@ def main() -> None:
             tag: smoothed(*zip(*scalars[tag], strict=True), 5, points=150) for tag in DIAGNOSTICS if scalars.get(tag)
         }
         shown = " ".join(Path(c).name if c in (VEC, ATARI) else c for c in cmd)
-        lines.append(f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |")
+        row = f"| {label} | `{shown}` | {len(returns)} | {finals[label]:.1f} |"
+        if evaluated and scalars.get("eval/episodic_return"):
+            evals[label] = sum(value for _, value in scalars["eval/episodic_return"]) / len(
+                scalars["eval/episodic_return"]
+            )
+            row += f" {evals[label]:.1f} |"
+        lines.append(row)
     groups = {}  # what the statistics are over: an env's seeds (the mujoco case), or every run
     for label in cmds:
         groups.setdefault(label.split(" seed ")[0] if args.case == "mujoco" else args.case, []).append(label)
     stats = {group: report.aggregate([finals[label] for label in labels]) for group, labels in groups.items()}
     reference = CLEANRL_MUJOCO if args.case == "mujoco" else None
     lines += ["", *report.markdown_table(stats, reference)]
+    if evals:
+        eval_stats = {
+            group: report.aggregate([evals[label] for label in labels if label in evals])
+            for group, labels in groups.items()
+        }
+        lines += ["", "The deterministic evaluations, over seeds:", "", *report.markdown_table(eval_stats, reference)]
     if not_run:
         lines += ["", f"Not run (or not finished) for this table: {', '.join(not_run)}."]
     if args.case == "mujoco":
@@ -176,9 +199,8 @@ def main() -> None:
             runs = {group: [folders[label] for label in labels]}
             save_png(report.plot_groups(runs, png, f"{group}, ppo_vec.py preset"))
             lines += ["", f"![{group}]({png.name})"]
-    plt = save(
-        f"learning_{args.case}", lines, {"finals": finals, "stats": stats, "curves": curves, "diagnostics": diagnostics}
-    )
+    data = {"finals": finals, "stats": stats, "curves": curves, "diagnostics": diagnostics}
+    plt = save(f"learning_{args.case}", lines, data | ({"evals": evals} if evaluated else {}))
     if plt is None or args.case == "mujoco":
         return
     panels = ["return"] + (DIAGNOSTICS if args.case in VEC_CASES else [])

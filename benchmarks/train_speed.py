@@ -189,14 +189,15 @@ def main() -> None:
 def write_report(samples, args, hopper=None) -> None:
     machine = MACHINE
     extra = [name for name in ("baseline", "CleanRL") if getattr(args, name.lower())]
-    also = "".join(f" --{name.lower()} {getattr(args, name.lower())}" for name in extra)
+    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     lines = [
         f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
         "(a CleanRL-style loop over SyncVectorEnv)"
         + (f"; baseline: the scripts at git revision {args.baseline}" if args.baseline else "")
         + ("; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own" if args.cleanrl else "")
         + f". Machine: {machine}.",
-        f"Command: `python benchmarks/train_speed.py{also}`.",
+        f"Command: `python benchmarks/train_speed.py {' '.join(sys.argv[1:])}` at {commit}.",
         "Per-iteration seconds of ours (medians): env wait / inference and bookkeeping / update.",
         "",
         "| case | ours SPS | reference SPS | ours / reference |"

@@ -89,7 +89,8 @@ def main() -> None:
     data = {"commit": commit, "steps": args.steps, "ours": {}, "cleanrl": {}, "runs": {}, "curves": {}}
     lines = [
         f"Breakout, {args.steps:,} steps: ppo_atari_multigpu.py (defaults, one rank; commit {data['commit']}) and",
-        f"CleanRL's ppo_atari.py, each niced. Machine: {MACHINE}. Command: `python benchmarks/breakout_vs_cleanrl.py`.",
+        f"CleanRL's ppo_atari.py, each niced. Machine: {MACHINE}. Command: `python benchmarks/breakout_vs_cleanrl.py"
+        f" {' '.join(sys.argv[1:])}`.",
         "",
         "| run | last-20 raw return | games | wall time, s | CPU time, s | command |",
         "|---|---|---|---|---|---|",

@@ -4,9 +4,7 @@
     torchrun --standalone --nproc_per_node=2 ppo_atari_multigpu.py     # a rank per GPU (or CPU)
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
         ppo_atari_multigpu.py
-    srun torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 --rdzv-backend c10d \\
-        --rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -n1):29400 \\
-        ppo_atari_multigpu.py
+    sbatch slurm/ppo_atari_multigpu.sbatch    # Slurm: a job that comes back until its run is done
     python ppo_atari_multigpu.py --resume runs/<run>/checkpoint.pt       # go on with a stopped run
     python ppo_atari_multigpu.py --eval-checkpoint runs/<run>/checkpoint.pt
 

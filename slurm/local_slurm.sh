@@ -58,6 +58,8 @@ command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null && accounting=s
 cpus=$(( $(nproc) > 8 ? $(nproc) : 8 ))  # 8 at least, as a node says (config_overrides): the batch scripts' asks fit
 cat >"$SLURM_CONF" <<CONF
 ClusterName=ppovec
+# job ids go on from the last start's, not from 1: a run folder is named by its job's id (--run-id)
+FirstJobId=$(($(date +%s) % 60000000 + 1))
 SlurmctldHost=$(hostname)
 SlurmctldPort=16817
 AuthType=auth/munge
@@ -112,6 +114,8 @@ CONF
   chmod 600 "$dir/slurmdbd.conf"
   slurmdbd
   for _ in $(seq 50); do timeout 5 sacctmgr -i add cluster ppovec >/dev/null 2>&1 && break; sleep 0.2; done
+  timeout 5 sacctmgr -n list cluster format=cluster 2>/dev/null | grep -q ppovec ||
+    { echo "local_slurm.sh: slurmdbd does not answer: see $dir/slurmdbd.log" >&2; exit 1; }
 fi
 slurmctld
 slurmd -N n1

@@ -37,7 +37,13 @@ def slurm():
     except (subprocess.SubprocessError, OSError) as exc:
         pytest.skip(f"Slurm does not answer at SLURM_CONF={os.environ['SLURM_CONF']}: {exc}")
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # jobs run this Python
-    return dict(os.environ, PATH=path, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PATH=path, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    yield env
+    for job in JOBS:  # a test that failed leaves no job behind to hold up the next ones
+        subprocess.run(["scancel", job], capture_output=True, timeout=30, env=env)
+
+
+JOBS: list[str] = []  # every job the tests submitted
 
 
 def slurm_command(env: dict, *args: str) -> str:
@@ -53,9 +59,9 @@ def sbatch(env: dict, cwd: Path, script: str, *flags: str, options: tuple = ()) 
     for name in ("ppo_vec.py", "ppo_atari_multigpu.py"):
         (cwd / name).symlink_to(REPO / name)
     command = ["sbatch", "--parsable", *options, str(REPO / "slurm" / script), *flags]
-    return subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=True
-    ).stdout.strip()
+    job = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=True).stdout
+    JOBS.append(job.strip())
+    return job.strip()
 
 
 def job_state(env: dict, job: str) -> str:
@@ -169,20 +175,46 @@ def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard
     )
 
 
-@pytest.mark.parametrize("stop", ["requeue", *LONG("notice", "time limit", "kill")])
+def test_a_slice_that_fails_ends_its_job_and_the_job_names_its_run_itself(slurm, tmp_path):
+    """A job whose run a notice stopped, and whose next slice cannot resume it (its checkpoint damaged
+    meanwhile), ends failed, saying why in one line: it is not requeued again and again from the
+    summary the stopped slice left. --run-id after the script's name is refused: the job names its run."""
+    flags = [*PACED, "--total-timesteps", str(400 * 128), "--checkpoint-interval", "5"]
+    job = sbatch(slurm, tmp_path / "job", "ppo_vec.sbatch", *flags)
+    folder = tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__1__{job}"
+    saved_after(folder, None)
+    slurm_command(slurm, "scancel", "--signal=USR2", job)
+    wait_until(f"job {job} requeued", lambda: job_state(slurm, job) == "PENDING")
+    (folder / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    release(slurm, job)
+    log = tmp_path / "job" / f"slurm-ppo_vec-{job}.out"
+    ended = ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING", "REQUEUED")
+    wait_until(f"job {job} ended", lambda: job_state(slurm, job) not in ended or log.read_text().count("requeued") > 1)
+    text = log.read_text()
+    assert job_state(slurm, job) == "FAILED" and text.count("requeued to resume") == 1, text
+    last = text.rstrip().splitlines()[-2:]  # the run's one line, then srun's
+    assert last[0].startswith("ppo_vec.py: error: ") and "not a checkpoint" in last[0] and "Traceback" not in text
+    other = sbatch(slurm, tmp_path / "other", "ppo_vec.sbatch", *flags, "--run-id", "mine")
+    wait_until(f"job {other} ended", lambda: job_state(slurm, other) not in ended)
+    text = (tmp_path / "other" / f"slurm-ppo_vec-{other}.out").read_text()
+    assert job_state(slurm, other) == "FAILED" and "--run-id: the job names its run itself" in text, text
+
+
+@pytest.mark.parametrize("stop", ["notice", *LONG("requeue", "time limit", "kill")])
 def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
-    """srun torchrun over the two nodes, a rank on each: a requeue by Slurm (in -m long also a
-    preemption notice, the time limit's warning, a hard kill after a save) stops both ranks, rank 0
-    saves, and the job comes back to end with the weights of the same job never stopped, equal on both
-    ranks, and no traceback from torchrun."""
-    iterations = 300 if stop == "time limit" else 60  # longer than a slice: 30 to 60 s
+    """srun torchrun over the two nodes, a rank on each: a preemption notice (the job requeues itself;
+    in -m long also a requeue by Slurm, the time limit's warning of the script's own --signal line, a
+    hard kill after a save) stops both ranks, rank 0 saves, and the job comes back to end with the
+    weights of the same job never stopped, equal on both ranks, and no traceback from torchrun."""
+    iterations = 900 if stop == "time limit" else 60  # longer than a slice: the warning comes up to 90 s in
     flags = [*ATARI_TINY, "--total-timesteps", str(iterations * 32), "--checkpoint-interval", "5", "--num-threads", "1"]
     flags += MODEL
     env = dict(slurm, MASTER_PORT=str(free_port()))
     reference = sbatch(env, tmp_path / "reference", "ppo_atari_multigpu.sbatch", *flags)
-    wait_until(f"job {reference} done", lambda: job_state(env, reference) == "COMPLETED", timeout=400)
+    limit = 900 if stop == "time limit" else 400
+    wait_until(f"job {reference} done", lambda: job_state(env, reference) == "COMPLETED", timeout=limit)
     env["MASTER_PORT"] = str(free_port())
-    options = ("--time=2", "--signal=USR1@60") if stop == "time limit" else ()  # the warning: 30 to 60 s in
+    options = ("--time=3",) if stop == "time limit" else ()  # the warning (USR1@120): Slurm sends it up to 90 s in
     job = sbatch(env, tmp_path / "job", "ppo_atari_multigpu.sbatch", *flags, options=options)
     folder = tmp_path / "job" / "runs" / f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__1__{job}"
     saved = saved_after(folder, None)
@@ -194,11 +226,17 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         kill_hard(tmp_path / "job", f"ppo_atari_multigpu.py --run-id {job} ")  # both ranks
         wait_until(f"job {job} ended", lambda: job_state(env, job) not in ("RUNNING", "COMPLETING"))
         slurm_command(env, "scontrol", "requeue", job)
-    release(env, job)
+    wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING", timeout=limit)
     stopped = summary_of(folder)
-    wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=400)
+    releaser = Releaser(env)  # the time limit stops each slice that lasts a minute or more: each is released
+    releaser.start()
+    try:
+        wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=limit)
+    finally:
+        releaser.done.set()
     text = (tmp_path / "job" / f"slurm-ppo_atari-{job}.out").read_text()
     assert summary_of(folder)["status"] == "done" and "Traceback" not in text, text
+    assert ("requeued to resume" in text) == (stop in ("notice", "time limit")), text  # the job's own requeue
     assert resumes_in(text)[0] == (saved if stop == "kill" else stopped["checkpoint_iteration"]), text
     checksums = text.split("final parameter checksum per rank (equal: the ranks stayed in step): ")[1].splitlines()[0]
     first, second = json.loads(checksums)
@@ -218,10 +256,11 @@ class Releaser(threading.Thread):
         held: dict[str, float] = {}  # job: when it was first seen held back
         while not self.done.wait(1.0):
             command = ["squeue", "-h", "-t", "PD", "-o", "%i %r"]
-            pending = subprocess.run(command, capture_output=True, text=True, env=self.env)
+            pending = subprocess.run(command, capture_output=True, text=True, timeout=30, env=self.env)
             for job, reason in (line.split() for line in pending.stdout.splitlines()):
                 if reason == "BeginTime" and time.monotonic() - held.setdefault(job, time.monotonic()) > SETTLE:
-                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=self.env)
+                    update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
+                    subprocess.run(update, timeout=30, env=self.env)
                     del held[job]
 
 
@@ -291,9 +330,9 @@ def stop_sweep_jobs(env: dict, cwd: Path, stop: str) -> None:
                 continue
             stopped.add(job)
             if stop == "notice":
-                subprocess.run(["scancel", "--signal=USR1", job], env=env)
+                subprocess.run(["scancel", "--signal=USR1", job], timeout=30, env=env)
             elif stop == "requeue":
-                subprocess.run(["scontrol", "requeue", job], env=env)
+                subprocess.run(["scontrol", "requeue", job], timeout=30, env=env)
             else:
                 kill_hard(cwd, f"--seed {folder.name.split('__')[2]} --exp-name")  # the run's trainer
 
@@ -301,5 +340,5 @@ def stop_sweep_jobs(env: dict, cwd: Path, stop: str) -> None:
 def slurm_job_of(env: dict, folder: Path) -> str | None:
     """The running array task whose run writes `folder`: seed s is task s - 1 (the sweep's order)."""
     task = f"_{int(folder.name.split('__')[2]) - 1}"
-    jobs = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], capture_output=True, text=True, env=env)
+    jobs = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], capture_output=True, text=True, timeout=30, env=env)
     return next((job for job in jobs.stdout.split() if job.endswith(task)), None)

@@ -22,8 +22,8 @@ from ..vecenv.layout import ProbeFailed, probe
 from . import stops
 from .errors import FlagError
 
-# Flags that change nothing a run learns: a resume may give them other values, a sweep reuse a run
-# made with others
+# Flags a resume may change and a sweep reuse a run made with others: where it computes, saves, logs
+# (another num_threads, cuda or backend sums floats in another order: the weights then differ a little)
 TOLERATED = frozenset(
     "checkpoint_interval num_workers step_timeout max_restarts num_threads cuda backend device_ids track "
     "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume run_id".split()

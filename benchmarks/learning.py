@@ -152,9 +152,10 @@ def summarize(args: argparse.Namespace, target: str, cmds: dict[str, list[str]])
     if not cmds:
         return
     evaluated = args.case == "mujoco"
+    shown = " ".join(arg for arg in sys.argv[1:] if arg != "--finished-only")  # the command that ran the runs
     lines = [
         f"Learning, {args.case} (target: {target}). Machine: {MACHINE}.",
-        f"Command: `python benchmarks/learning.py {args.case}`; a run's figure is the mean raw return of its last 20",
+        f"Command: `python benchmarks/learning.py {shown}`; a run's figure is the mean raw return of its last 20",
         "training episodes (full games for Atari); over runs, mean +- std and the IQM with a 95% bootstrap interval.",
         *(["The final model's deterministic evaluation: its mean return over 10 episodes (--save-model)."] * evaluated),
         "",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks.report import MACHINE, RESULTS, save, save_png, smoothed  # noqa: E402
+from benchmarks.report import MACHINE, RESULTS, commit, save, save_png, smoothed  # noqa: E402
 from benchmarks.train_speed import cleanrl_python  # noqa: E402
 from common.sweep import report  # noqa: E402
 
@@ -82,11 +82,8 @@ def main() -> None:
                 if not done:
                     run(args.runs / f"{name}-{seed}", cmd, env)
 
-    commit = subprocess.run(
-        ["git", "-C", str(args.ours), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    commit = earlier.get("commit") or commit.stdout.strip()  # kept runs of ours: their commit
-    data = {"commit": commit, "steps": args.steps, "ours": {}, "cleanrl": {}, "runs": {}, "curves": {}}
+    measured = earlier.get("commit") or commit(args.ours)  # kept runs of ours: their commit
+    data = {"commit": measured, "steps": args.steps, "ours": {}, "cleanrl": {}, "runs": {}, "curves": {}}
     lines = [
         f"Breakout, {args.steps:,} steps: ppo_atari_multigpu.py (defaults, one rank; commit {data['commit']}) and",
         f"CleanRL's ppo_atari.py, each niced. Machine: {MACHINE}. Command: `python benchmarks/breakout_vs_cleanrl.py"

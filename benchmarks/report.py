@@ -16,6 +16,12 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 MACHINE = f"{platform.processor() or platform.machine()}, {CORES} cores, Python {platform.python_version()}"
 
 
+def commit(checkout: Path) -> str:
+    """The short hash of `checkout`'s HEAD, the commit a report's figures were measured at."""
+    git = ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True).stdout.strip()
+
+
 def save(stem: str, lines: list[str], data: dict):
     """Writes results/{stem}.md and .json (compact: one line), prints the table; returns
     matplotlib.pyplot for the plot, or None."""

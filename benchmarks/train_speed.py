@@ -38,7 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.report import MACHINE, RESULTS, save, save_png, venv_python  # noqa: E402
+from benchmarks.report import MACHINE, RESULTS, commit, save, save_png, venv_python  # noqa: E402
 from tests.helpers import read_scalars  # noqa: E402
 
 CLEANRL_VENV = REPO / "benchmarks" / ".venv-cleanrl"
@@ -189,15 +189,13 @@ def main() -> None:
 def write_report(samples, args, hopper=None) -> None:
     machine = MACHINE
     extra = [name for name in ("baseline", "CleanRL") if getattr(args, name.lower())]
-    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
-    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     lines = [
         f"Training SPS, median of {args.repetitions} interleaved runs; reference: benchmarks/cleanrl_reference.py",
         "(a CleanRL-style loop over SyncVectorEnv)"
         + (f"; baseline: the scripts at git revision {args.baseline}" if args.baseline else "")
         + ("; CleanRL: its ppo.py / ppo_atari.py as published, in a venv of their own" if args.cleanrl else "")
         + f". Machine: {machine}.",
-        f"Command: `python benchmarks/train_speed.py {' '.join(sys.argv[1:])}` at {commit}.",
+        f"Command: `python benchmarks/train_speed.py {' '.join(sys.argv[1:])}` at {commit(REPO)}.",
         "Per-iteration seconds of ours (medians): env wait / inference and bookkeeping / update.",
         "",
         "| case | ours SPS | reference SPS | ours / reference |"

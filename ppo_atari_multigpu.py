@@ -33,12 +33,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import ale_py
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -49,6 +50,8 @@ from common.run.ranks import RankedRun
 
 @dataclass
 class Args:
+    SCHEDULED: ClassVar[tuple[str, ...]] = ("anneal_lr",)  # flags whose schedule spans --total-timesteps
+
     # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (a plain name: runs/ gets one folder per run)"""
@@ -231,13 +234,13 @@ def check_args(args: Args, local_world_size: int) -> None:
         raise FlagError(f"--env-id {args.env_id!r} is not an Atari id (try BreakoutNoFrameskip-v4)")
 
 
-def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
+def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
     # torchrun sets these; plain `python` is one rank with no process group
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    run = RankedRun(args, rank, world_size, local_world_size)  # with --resume, the run's own flags and ranks
+    run = RankedRun(args, command_line, rank, world_size, local_world_size)  # with --resume, the run's own flags
     args = run.args
     check_args(args, local_world_size)
     _, action_space = run.probe(make_env)  # env 0, built in a process of its own
@@ -271,13 +274,17 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
 
     # What a checkpoint holds, kept at iteration boundaries (every rank's rng and envs): stops resume exactly
     state = {"model": agent, "optimizer": optimizer, "rng": rng}
-    # the run folder (or the resumed one, its state put back), the stop path and the closing line
+    if world_size > 1:  # every rank waits here for the others: the process group of the DDP update and run.*
+        dist.init_process_group(backend=args.backend or ("nccl" if use_cuda else "gloo"))
+    # Every rank enters the run (rank 0 alone makes its folder and writes): a stop, an env failure or a lost rank
+    # in the block saves the last boundary kept; its end closes the envs, writes the closing line and destroys
+    # the process group. Each run.* call below is one every rank makes at the same point (they hold collectives).
     with run.start(device, num_iterations, batch_size, state) as writer:
         ddp_agent = agent  # what the update calls: with DDP, backward averages gradients over ranks
         if world_size > 1:
             ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None)
         first_seed = args.seed + rank * args.local_num_envs  # env i of this rank: first_seed + i
-        envs, next_obs = run.make_envs(make_env, args.local_num_envs, seed=first_seed)
+        envs, next_obs = run.make_envs(make_env, args.local_num_envs, seed=first_seed)  # gathers the seeds
         # Rollout storage, allocated once; the update reads it as torch tensors
         obs_shape, action_shape = envs.single_observation_space.shape, ()  # Discrete actions
         obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)
@@ -285,7 +292,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
-        for iteration in run.iterations():  # from 1, or where a resumed run stopped
+        # at each boundary rank 0 gathers every rank's generators and envs, and saves when due
+        for iteration in run.iterations():  # from 1 (or where a resumed run stopped); saves when due
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -397,7 +405,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
-            # episodes, SPS and perf/*_seconds to TensorBoard, and the progress line
+            # the episodes (of every rank, gathered), SPS and perf/*_seconds to TensorBoard, the progress line
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
         if args.save_model and args.eval_episodes:  # CleanRL's file was saved at the end: evaluate it

@@ -27,6 +27,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -41,6 +42,8 @@ from common.run.errors import FlagError
 
 @dataclass
 class Args:
+    SCHEDULED: ClassVar[tuple[str, ...]] = ("anneal_lr",)  # flags whose schedule spans --total-timesteps
+
     # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (a plain name: runs/ gets one folder per run)"""
@@ -232,8 +235,8 @@ def check_spaces(args: Args, action_space: gym.Space) -> None:
         )
 
 
-def main(args: Args) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
-    run = Run(args)  # with --resume or --eval-checkpoint, the flags the run was trained with
+def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation's returns with --eval-checkpoint
+    run = Run(args, command_line)  # with --resume or --eval-checkpoint, the flags the run was trained with
     args = run.args
     obs_space, action_space = run.probe(make_env)  # env 0, built in a process of its own
     check_spaces(args, action_space)
@@ -275,7 +278,8 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         "obs_normalizer": normalize_obs,
         "rng": rng,
     }
-    # the run folder (or the resumed one, its state put back), the stop path and the closing line
+    # the run folder (or the resumed one, its state put back); a stop or an env failure in the block saves the
+    # last boundary kept; its end closes the envs and writes summary.json and the closing line
     with run.start(device, num_iterations, batch_size, state) as writer:
         envs, next_obs = run.make_envs(make_env, args.num_envs, seed=args.seed)  # env i: seed + i, or as saved
         # Rollout storage, allocated once; the update reads it as torch tensors
@@ -285,7 +289,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
-        for iteration in run.iterations():  # from 1, or where a resumed run stopped
+        for iteration in run.iterations():  # from 1 (or where a resumed run stopped); saves when due
             global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -394,7 +398,7 @@ def main(args: Args) -> list[float] | None:  # the evaluation's returns with --e
                 writer.add_scalar(f"losses/{name}", value, global_step)  # the mean over the update
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             inference = update_start - rollout_start - env_time
-            # episodes, SPS and perf/*_seconds to TensorBoard, and the progress line
+            # the episodes (of every rank, gathered), SPS and perf/*_seconds to TensorBoard, the progress line
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
         # --save-model wrote <exp-name>.cleanrl_model at the last boundary: evaluate that policy

@@ -341,10 +341,10 @@ class Args:
 def make_env(args, idx, run_dir):
     return lambda: gym.make(args.env_id)
 
-def main(args):
+def main(args, command_line):
     if args.outcome == "flag":
         raise FlagError("--thing must be > 0, got 0")
-    run = Run(args)
+    run = Run(args, command_line)
     run.probe(make_env)
     with run.start(torch.device("cpu"), 10, 10, {"model": torch.nn.Linear(1, 1)}):
         run.make_envs(make_env, 1, seed=args.seed)

@@ -227,6 +227,6 @@ def test_an_old_gymnasium_is_named_with_the_version_needed(tmp_path):
     )
     assert out.returncode == 1
     assert out.stderr == (
-        "ppo_vec.py: error: ppo-vec needs gymnasium>=1.1,<2, this Python has 0.29.1: pip install 'gymnasium>=1.1,<2'\n"
+        "ppo-vec: error: it needs gymnasium>=1.1,<2, this Python has 0.29.1: pip install 'gymnasium>=1.1,<2'\n"
     )
     assert not (tmp_path / "runs").exists()

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.run import Run, records
+from common.run import Run, flags, records
 from common.run import run as run_module
+from common.run.cli import CommandLine
 from common.run.errors import Finished, FlagError, RunError
-from common.run.stops import Stopped
+from common.run.stops import Stopped, StopRequest
 from common.sweep.runs import parse_flags
 from tests.helpers import REPO
 
@@ -74,8 +75,8 @@ def write_checkpoint(path, **changes) -> str:
 def run_of(monkeypatch, *argv: str) -> Run:
     """The Run this file's main would make of its command line argv (in a folder of its own:
     monkeypatch.chdir)."""
-    monkeypatch.setattr(sys, "argv", ["test_checkpointing.py", *argv])
-    return Run(Flags(**parse_flags(list(argv), dataclasses.asdict(Flags()))))
+    command_line = CommandLine(["test_checkpointing.py", *argv], flags.named_fields(Flags, list(argv)), StopRequest())
+    return Run(Flags(**parse_flags(list(argv), dataclasses.asdict(Flags()))), command_line)
 
 
 def start(run: Run, **state) -> None:
@@ -242,9 +243,9 @@ def test_a_boundary_is_kept_once_fifty_times_what_keeping_costs_has_passed(tmp_p
         run.kept_at = time.perf_counter() - 1.0
         monkeypatch.setattr(run_module, "KEEP_EVERY", 50)
         run.keeping = 0.019  # 50 x 0.019 s < 1 s: keep
-        assert run._keep()
+        assert run._keep_due()
         run.keeping = 0.021
-        assert not run._keep()
+        assert not run._keep_due()
 
 
 def test_a_save_writes_the_state_of_the_last_boundary_whatever_the_weights_are_doing(tmp_path, monkeypatch):

@@ -17,10 +17,13 @@ import pytest
 import torch
 
 from common.run import errors, flags, progress, records
+from common.run.cli import CommandLine
 from common.run.errors import FlagError
 from common.vecenv import layout
 from tests.envs import HangsWhenBuilt, failing_factory
 from tests.helpers import REPO, run_command, run_program, start_program
+
+COMMAND_LINE = CommandLine(["s.py"], frozenset(), None)  # a command line that names no flag
 
 
 @dataclasses.dataclass
@@ -59,16 +62,25 @@ def test_check_flags_passes_good_flags_and_skips_fields_a_script_lacks():
     flags.check(Flags(), [("num_envs", True, ">= 1")])  # no learning_rate field: its rule is not applied
 
 
-def test_bool_values_are_checked_in_any_command_line_the_empty_one_included():
+def test_the_words_of_a_command_line_are_checked_before_tyro_sees_them():
+    """A bool flag given a value (CleanRL's old `--capture-video True`) and a word that names no flag
+    are one line each, the latter with the flags it may have meant; the empty command line passes."""
+
     @dataclasses.dataclass
     class WithVideo:
         capture_video: bool = False
+        num_envs: int = 4
 
-    for argv in ([], ["--capture-video"], ["--capture-video", "--seed", "1"]):
-        flags.check_bool_values(WithVideo, argv)
-    for argv in (["--capture-video", "True"], ["--seed", "1", "--capture-video=false"]):
+    for argv in ([], ["--capture-video"], ["--no-capture-video", "--num-envs", "1"], ["--num_envs=2"]):
+        flags.check_words(WithVideo, argv, "s.py")
+    for argv in (["--capture-video", "True"], ["--num-envs", "1", "--capture-video=false"]):
         with pytest.raises(FlagError, match="--capture-video is a switch and takes no value"):
-            flags.check_bool_values(WithVideo, argv)
+            flags.check_words(WithVideo, argv, "s.py")
+    with pytest.raises(FlagError, match=r"^--num-env is not a flag of s.py: did you mean --num-envs\?$"):
+        flags.check_words(WithVideo, ["--num-env", "3"], "s.py")
+    with pytest.raises(FlagError, match=r"^--gpu is not a flag of s.py: python s.py --help lists them$"):
+        flags.check_words(WithVideo, ["--gpu"], "s.py")
+    assert flags.named_fields(WithVideo, ["--no-capture-video", "--num_envs=2", "3"]) == {"capture_video", "num_envs"}
 
 
 def test_a_missing_package_is_named(monkeypatch):
@@ -107,7 +119,7 @@ def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch):
     says the probe could not start, with its error, and does not blame the env."""
     monkeypatch.setattr(layout, "_BOOT", layout._BOOT.replace("import probe_main", "import no_such_name"))
     with pytest.raises(FlagError) as info:
-        flags.probe_env("CartPole-v1", lambda: gym.make("CartPole-v1"), 60)
+        flags.probe_env("CartPole-v1", lambda: gym.make("CartPole-v1"), 60, None)
     assert str(info.value).startswith(
         "--env-id CartPole-v1: the process that builds it to look at it could not start "
         "(the probe process ended (exit code 1: ImportError: cannot import name "
@@ -116,12 +128,12 @@ def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch):
 
 
 def test_probe_env_builds_the_env_elsewhere_and_says_why_it_cannot():
-    found = flags.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60)
+    found = flags.probe_env("CartPole-v1", lambda: gym.wrappers.FlattenObservation(gym.make("CartPole-v1")), 60, None)
     assert found["spaces"][0].shape == (4,) and found["spaces"][1] == gym.spaces.Discrete(2)
     with pytest.raises(FlagError, match=r"--env-id CartPole-v1 cannot be built here: RuntimeError: factory refused"):
-        flags.probe_env("CartPole-v1", failing_factory, 60)
+        flags.probe_env("CartPole-v1", failing_factory, 60, None)
     with pytest.raises(FlagError, match=r"--env-id CartPole-v1: building the env did not finish within 1 s"):
-        flags.probe_env("CartPole-v1", HangsWhenBuilt, 1.0)
+        flags.probe_env("CartPole-v1", HangsWhenBuilt, 1.0, None)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -130,7 +142,7 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)
     args = Flags(env_id="ALE/Breakout-v5")
-    first, second, third = (records.make_run_dir(args, 10, 1) for _ in range(3))
+    first, second, third = (records.make_run_dir(args, COMMAND_LINE, 10, 1) for _ in range(3))
     assert first.name == "ALE-Breakout-v5__exp__1__1700000000"
     assert [second.name, third.name] == [f"{first.name}-2", f"{first.name}-3"]
     assert all(path.is_dir() and path.parent.name == "runs" for path in (first, second, third))
@@ -138,13 +150,13 @@ def test_run_dirs_are_unique_within_one_second(tmp_path, monkeypatch):
 
 def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run_dir = records.make_run_dir(Flags(), 10, 1)
+    run_dir = records.make_run_dir(Flags(), COMMAND_LINE, 10, 1)
     assert json.loads((run_dir / "args.json").read_text())["num_envs"] == 4
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     (tmp_path / "elsewhere" / "runs").write_text("a file where the runs go")
     with pytest.raises(errors.RunError, match=r"^cannot make the run folder in .*/runs \(a file of that name"):
-        records.make_run_dir(Flags(), 10, 1)
+        records.make_run_dir(Flags(), COMMAND_LINE, 10, 1)
     (tmp_path / "elsewhere" / "runs").unlink()
     read_only = tmp_path / "elsewhere"
     os.chmod(read_only, 0o500)  # root writes there anyway: an immutable folder stops root too
@@ -154,7 +166,7 @@ def test_run_folder_is_one_line_where_it_cannot_be_made_and_records_the_flags(tm
         if os.access(read_only, os.W_OK) and not immutable:
             pytest.skip("this user writes anywhere and chattr is not at hand: no read-only folder to try")
         with pytest.raises(errors.RunError, match=r"cannot make the run folder in .* \((Permission denied|Operat)"):
-            records.make_run_dir(Flags(), 10, 1)
+            records.make_run_dir(Flags(), COMMAND_LINE, 10, 1)
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(read_only)], check=True)

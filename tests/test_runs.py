@@ -20,6 +20,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from common.run import records, stops
+from common.run.cli import CommandLine
 from common.run.errors import FlagError
 from common.sweep import report, runs
 from tests.helpers import (
@@ -289,11 +290,11 @@ def test_the_report_averages_only_finished_readable_runs_and_names_the_others(tm
 # ---------------------------------------------------------------------------------------------------
 # the records
 def test_args_json_keeps_what_the_run_was_asked_for_and_each_resume(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["s.py", "--learning-rate", "0.001"])
-    records.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False), 32, 1)
-    monkeypatch.setattr(sys, "argv", ["s.py", "--resume", "x", "--checkpoint-interval", "3"])
+    first = CommandLine(["s.py", "--learning-rate", "0.001"], frozenset({"learning_rate"}), None)
+    records.write_args(tmp_path, Flags(learning_rate=1e-3, norm_obs=False), first, 32, 1)
+    again = CommandLine(["s.py", "--resume", "x", "--checkpoint-interval", "3"], frozenset({"resume"}), None)
     flags = Flags(learning_rate=1e-3, norm_obs=False, checkpoint_interval=3, resume="x")
-    records.write_args(tmp_path, flags, 32, 1, resumed={"iteration": 7, "global_step": 224})
+    records.write_args(tmp_path, flags, again, 32, 1, resumed={"iteration": 7, "global_step": 224})
     saved = json.loads((tmp_path / "args.json").read_text())
     assert saved["norm_obs"] is False and saved["given"] == ["learning_rate"] and saved["defaults"]["norm_obs"]
     assert runs.asked_of(saved)["norm_obs"] is True  # asked for the default; its effect is what the flags say

@@ -5,8 +5,10 @@ file, nothing started; 128 + signal when stopped, after saving."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -15,35 +17,59 @@ from typing import Any
 from ..multiprocessing_env import WorkerError
 from . import flags, stops
 from .errors import Finished, FlagError, RunError
-from .stops import Stopped
-
-# the closing line a run composed, and whether it goes to stderr
-closing_lines: list[tuple[str, bool]] = []
+from .stops import Stopped, StopRequest
 
 
-def run(main: Callable[[Any], Any], args_type: type, doc: str) -> None:
+@dataclasses.dataclass
+class CommandLine:
+    """What Run.cli parsed, handed to `main` and by it to Run: the words as typed (a command a run
+    prints starts with argv[0], so that it works when pasted), the flags they name (the fields a resume
+    may change), the stop request the signals go to, and the closing line the run leaves to be
+    printed last: (line, to stderr)."""
+
+    argv: list[str]
+    named: frozenset[str]
+    stop: StopRequest
+    closing: tuple[str, bool] | None = None
+
+    @property
+    def script(self) -> str:
+        return Path(self.argv[0]).name
+
+    @classmethod
+    def of(cls, args: Any) -> CommandLine:
+        """A script's main called from Python: no flag named, no signal handled."""
+        path = sys.modules[type(args).__module__].__file__
+        return cls([path], frozenset(), StopRequest(Path(path).name))
+
+
+def run(main: Callable[[Any, CommandLine], Any], args_type: type, doc: str) -> None:
     """Parses args_type from the command line (--help opens with `doc`'s first two paragraphs), runs
-    main(args) with stop signals as stop requests, and exits with the status its outcome calls for,
-    after the closing line. Under torchrun every failing rank says why; rank 0 alone says a stop."""
+    main(args, command_line) with stop signals as stop requests, and exits with the status its outcome
+    calls for, after the closing line. Under torchrun every failing rank says why; rank 0 alone says a
+    stop."""
     import tyro
 
     script = Path(sys.argv[0]).name
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     me = f"{script}: rank {rank}" if world_size > 1 else script
+    command_line = CommandLine(list(sys.argv), frozenset(), StopRequest(script))
 
     def close(status: int, message: str | None = None) -> None:
         if message is not None:
             print(f"{me}: {message}", file=sys.stderr, flush=True)
-        for line, to_stderr in closing_lines:
+        if command_line.closing is not None:
+            line, to_stderr = command_line.closing
             print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
         # the run is over: a launcher's forwarded signal must not end the exit
-        stops.request.ignore()
+        command_line.stop.ignore()
         sys.exit(status)
 
-    stops.request.install()
+    command_line.stop.install()
     stops.end_with_launcher()
+    threading.excepthook = _quiet_writer_thread
     try:
-        flags.check_bool_values(args_type, sys.argv[1:])
+        flags.check_words(args_type, sys.argv[1:], script)
         try:
             args = tyro.cli(args_type, description="\n\n".join(doc.split("\n\n")[:2]))
         except (SystemExit, BrokenPipeError) as exc:  # --help (tyro exits), maybe into `| head`
@@ -54,7 +80,8 @@ def run(main: Callable[[Any], Any], args_type: type, doc: str) -> None:
             # the reader left: no complaint
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(0) from None
-        main(args)
+        command_line.named = flags.named_fields(args_type, sys.argv[1:])
+        main(args, command_line)
     except Finished as exc:
         if rank == 0:
             print(f"{script}: {exc}", flush=True)
@@ -62,13 +89,22 @@ def run(main: Callable[[Any], Any], args_type: type, doc: str) -> None:
         close(2, f"error: {exc}")
     except Stopped as exc:
         # stopped before training started: nothing else to say
-        if rank == 0 and not closing_lines:
+        if rank == 0 and command_line.closing is None:
             print(f"{script}: stopped by {exc}", file=sys.stderr, flush=True)
         close(128 + exc.signum)
     except (RunError, WorkerError, TimeoutError, FloatingPointError) as exc:
         bound = "; --step-timeout sets that bound, --max-restarts N replaces a stuck worker"
         close(1, f"error: {exc}{bound if isinstance(exc, TimeoutError) else ''}")
+    except OSError as exc:  # the disk (full, read-only) or the machine, not the code: what and where
+        close(1, f"error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}")
     except Exception:  # noqa: BLE001 - a bug: its traceback
         traceback.print_exc()
         close(1)
     close(0)
+
+
+def _quiet_writer_thread(hook_args: Any) -> None:
+    """TensorBoard's writer thread re-raises an OSError (a full or read-only disk) that the run's
+    next write raises again, and that the run reports in one line: no traceback of the thread's."""
+    if not (issubclass(hook_args.exc_type, OSError) and "tensorboard" in type(hook_args.thread).__module__):
+        threading.__excepthook__(hook_args)

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..vecenv.errors import check_layout
 from ..vecenv.layout import ProbeFailed, probe
-from . import stops
 from .errors import FlagError
 
 # Flags a resume may change and a sweep reuse a run made with others: where it computes, saves, logs
@@ -28,9 +27,6 @@ TOLERATED = frozenset(
     "checkpoint_interval num_workers step_timeout max_restarts num_threads cuda backend device_ids track "
     "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume run_id".split()
 )
-# Flags that make a run learn by a schedule over its --total-timesteps: a resume that changes that
-# number says how the schedule moves, and a sweep reuses the run for no other number
-SCHEDULED = ("anneal_lr",)
 
 
 def flag(name: str) -> str:
@@ -48,17 +44,33 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
     }
 
 
-def scheduled(flags: dict[str, Any]) -> bool:
-    return any(flags.get(name) for name in SCHEDULED)
+def schedules(args: Any) -> list[str]:
+    """The flags of args (a script's Args) that make its run learn by a schedule over --total-timesteps
+    and are on: those its Args lists in SCHEDULED (ppo_vec.py: anneal_lr). A resume that changes that
+    number says how each moves; a sweep reuses such a run for no other number."""
+    return [name for name in getattr(type(args), "SCHEDULED", ()) if getattr(args, name, False)]
 
 
-def given_fields(args_type: type) -> set[str]:
-    """The fields of args_type the command line gives (--norm-obs and --no-norm-obs both give
-    norm_obs)."""
-    spelled = {flag(f.name): f.name for f in dataclasses.fields(args_type)}
-    spelled |= {"--no-" + name[2:]: field for name, field in spelled.items()}
-    words = (word.split("=", 1)[0] for word in sys.argv[1:])
-    return {spelled[word] for word in words if word in spelled}
+def scheduled(record: dict[str, Any]) -> bool:
+    """Whether a run's args.json has a schedule on (records of older versions: --anneal-lr)."""
+    return any(record.get(name) for name in record.get("scheduled", ["anneal_lr"]))
+
+
+def spellings(args_type: type) -> dict[str, str]:
+    """Every way a command line may name a field of args_type: {"--num-envs": "num_envs", "--num_envs":
+    ..., "--no-norm-obs": "norm_obs", ...}."""
+    spelled = {}
+    for f in dataclasses.fields(args_type):
+        for name in {f.name.replace("_", "-"), f.name}:
+            spelled[f"--{name}"] = spelled[f"--no-{name}"] = spelled[f"--no_{name}"] = f.name
+    return spelled
+
+
+def named_fields(args_type: type, argv: list[str]) -> frozenset[str]:
+    """The fields of args_type the words of a command line name (--norm-obs and --no-norm-obs both
+    name norm_obs)."""
+    spelled = spellings(args_type)
+    return frozenset(spelled[word] for word in (w.split("=", 1)[0] for w in argv) if word in spelled)
 
 
 def plain_name(name: str) -> bool:
@@ -141,18 +153,27 @@ def check_rollout(args: Any, envs: str, obs_space: gym.Space) -> None:
         )
 
 
-def check_bool_values(args_type: type, argv: list[str]) -> None:
-    """FlagError for a bool flag given a value (`--capture-video True`, CleanRL's old spelling):
-    here they are switches, `--flag` or `--no-flag`."""
-    switches = {flag(f.name) for f in dataclasses.fields(args_type) if "bool" in str(f.type)}
+def check_words(args_type: type, argv: list[str], script: str) -> None:
+    """FlagError for a word that names no flag of args_type (naming close ones), and for a bool flag
+    given a value (`--capture-video True`, CleanRL's old spelling): here they are switches, `--flag`
+    or `--no-flag`. What else the parser refuses it says itself, in its own box."""
+    spelled = spellings(args_type)
+    switches = {name for name, field in spelled.items() if "bool" in str(args_type.__dataclass_fields__[field].type)}
     # each word with the next
     for word, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
         name = word.split("=", 1)[0]
+        if name.startswith("--") and name not in spelled and name != "--help":
+            negated = name.startswith("--no")  # (--no-x is offered for a word that starts so)
+            spelled_so = [s for s in spelled if "_" not in s and s.startswith("--no-") == negated]
+            close = difflib.get_close_matches(name, spelled_so, n=2)
+            hint = f"did you mean {' or '.join(close)}?" if close else f"python {script} --help lists them"
+            raise FlagError(f"{name} is not a flag of {script}: {hint}")
         if name in switches and ("=" in word or value.lower() in ("true", "false", "1", "0", "yes", "no")):
             value = word.split("=", 1)[1] if "=" in word else value
+            positive = "--" + name.removeprefix("--").removeprefix("no-").removeprefix("no_").replace("_", "-")
             raise FlagError(
-                f"{name} is a switch and takes no value (got {value!r}): write {name} to turn it on, "
-                f"--no-{name[2:]} to turn it off"
+                f"{name} is a switch and takes no value (got {value!r}): write {positive} to turn it on, "
+                f"--no-{positive[2:]} to turn it off"
             )
 
 
@@ -185,11 +206,11 @@ def check_env_id(env_id: str) -> None:
         raise FlagError(f"--env-id {env_id!r} is not a registered gymnasium env{hint}")
 
 
-def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float) -> dict[str, Any]:
+def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float, interrupt: Any) -> dict[str, Any]:
     """What vecenv/layout.py's probe finds of the env (built, reset and stepped in a process of its
-    own, within `bound` seconds), or FlagError naming --env-id."""
+    own, within `bound` seconds, or until `interrupt`, a stop), or FlagError naming --env-id."""
     try:
-        return probe(make, bound, interrupt=stops.request, check_api=True)
+        return probe(make, bound, interrupt=interrupt, check_api=True)
     except ProbeFailed as exc:
         if exc.phase == "api":
             raise FlagError(

@@ -1,78 +1,113 @@
-"""A run of several ranks under torchrun: what they decide together. RankedRun is Run with a process
-group, a stop agreed by all, every rank's generators and envs kept at each boundary (rank 0 writes
-them), and episodes, restarts and losses gathered over ranks."""
+"""A run of several ranks under torchrun: what they decide together. RankedRun is Run where every
+rank keeps its own generators and envs (rank 0 gathers and writes them), a stop is agreed by all,
+and episodes and restarts are gathered on rank 0. The script starts the process group itself
+(dist.init_process_group); the end of RankedRun.start destroys it."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import records, stops
+from ..vecenv import process_control
+from . import records
+from .cli import CommandLine
 from .errors import RunError
 from .run import Run
 from .stops import Stopped
 
 
-class RankedRun(Run):
-    """Run, as one of `world_size` ranks (torchrun's RANK and WORLD_SIZE); plain `python` is one
-    rank without a process group. The model and optimizer are rank 0's (DDP keeps them equal);
-    generators and envs are every rank's."""
+class LostRank(RuntimeError):
+    """A collective of this run failed: another rank is gone (or failed)."""
 
-    def __init__(self, args: Any, rank: int, world_size: int, local_world_size: int):
-        super().__init__(args, rank, world_size, local_world_size)
+
+class RankedRun(Run):
+    """Run, as rank `rank` of `world_size` (torchrun's RANK and WORLD_SIZE); plain `python` is one
+    rank without a process group. The model and optimizer are rank 0's (DDP keeps them equal);
+    generators and envs are every rank's. Its methods that every rank must call, at the same
+    points: make_envs, iterations, stop_if_asked, mean_over_ranks, log (each holds a collective)."""
+
+    ENVS_FLAG = "local_num_envs"
+    SAVED_ON = (*Run.SAVED_ON, LostRank, dist.DistError)  # DistError: NCCL's, from DDP's backward
+
+    def __init__(self, args: Any, command_line: CommandLine | None, rank: int, world_size: int, local_world_size: int):
+        self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
         self.distributed = world_size > 1
+        self.cores = max(1, process_control.cores() // local_world_size)  # this rank's share
+        super().__init__(args, command_line)
+        if self.args.num_threads is None:  # its share of the cores (a resume keeps the count)
+            self.args.num_threads = self.cores
         self.keep_next = True  # what the ranks agreed of the next boundary
+        # until start: the rendezvous waits for every rank in C++, where no signal reaches Python, and
+        # there is nothing to save yet: a stop ends this rank at once
+        self.stop.at_once = self.distributed
 
     @contextlib.contextmanager
     def start(self, device: torch.device, *args: Any) -> Iterator[Any]:
-        """Run.start inside torch.distributed's process group (nccl on CUDA, gloo on CPU, or --backend)."""
-        if self.distributed:
-            # the rendezvous waits for every rank in C++: a stop ends this rank at once
-            stops.request.at_once = True
-            try:
-                stops.request.check()  # (one the thread saw just before)
-                dist.init_process_group(backend=self.args.backend or ("nccl" if device.type == "cuda" else "gloo"))
-            finally:
-                stops.request.at_once = False
+        """Run.start on every rank, after dist.init_process_group: a rank lost on the way is a RunError
+        on the others (after rank 0 saved); its end destroys the process group."""
         try:
+            self.stop.check()  # (one that came during the rendezvous)
+            self.stop.at_once = False
             with super().start(device, *args) as writer:
                 yield writer
-        except Exception as exc:
-            if not self.lost_rank(exc):  # (asked before the group is gone)
-                raise
+        except (LostRank, dist.DistError) as exc:
             reason = records.one_line(exc, 300)
             raise RunError(f"lost contact with another rank ({reason}); that rank's own message says why") from None
         finally:
-            if self.distributed:
+            if self.distributed and dist.is_initialized():
                 dist.destroy_process_group()
 
+    def _collective(self, op: Callable, *args: Any, **kwargs: Any) -> Any:
+        """op(*args, **kwargs), one of torch.distributed's collectives. Where a peer is gone, gloo
+        raises a bare RuntimeError (torch 2.13: all_reduce, gather_object, DDP's backward) and NCCL a
+        DistBackendError (a RuntimeError too): no type tells them from other failures, so a failed
+        collective of ours is taken for a lost rank, LostRank. DDP's backward is not ours: under
+        gloo a rank lost there ends in its traceback."""
+        try:
+            return op(*args, **kwargs)
+        except RuntimeError as exc:
+            raise LostRank(records.one_line(exc, 300)) from None
+
+    def _build_envs(self, make_env: Callable, num_envs: int, num_workers: int | None, interrupt: Any):
+        workers = num_workers if num_workers is not None else self.cores
+        # ranks stop together, at stop_if_asked: a stop does not end a wait on the envs mid-step
+        envs, _ = super()._build_envs(make_env, num_envs, workers, None if self.distributed else interrupt)
+        return envs, self._seeds_note
+
+    def _seeds_note(self, first_seed: int) -> str:
+        seeds = self._gather(list(range(first_seed, first_seed + self.envs.num_envs)))
+        if not self.distributed:
+            return ""
+        return f", x {self.world_size} ranks" + ("" if self.args.resume else f", env seeds {seeds}")
+
     def iterations(self) -> Iterator[int]:
+        """Run.iterations, then rank 0 prints the model's checksum on every rank (equal: in step)."""
         yield from super().iterations()
         model = next(obj for obj in self.state.values() if isinstance(obj, torch.nn.Module))
         checksums = self._gather(sum(p.detach().double().sum().item() for p in model.parameters()))
         if self.is_main and self.distributed:
             print(f"final parameter checksum per rank (equal: the ranks stayed in step): {checksums}", flush=True)
 
-    def stop_requested(self) -> bool:
-        return stops.request.signum is not None
+    def _boundary(self, done: int) -> None:
+        keep = self.keep_next if self.distributed else self._keep_due()  # agreed at stop_if_asked
+        if self._due(done) or keep:
+            self._keep(done, self._gather(self._rank_state()))
 
     def stop_if_asked(self) -> None:
         """Stopped if any rank was asked to stop: every rank calls it at the same points, so every
         rank stops there and none waits in a collective for one that left. The ranks also agree here
         whether to keep the next boundary's state (if any rank's rule says so)."""
-        asked = torch.tensor([stops.request.signum or 0, int(Run._keep(self))], device=self._collective_device())
-        if self.distributed:
-            dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        if not self.distributed:
+            return super().stop_if_asked()
+        asked = torch.tensor([self.stop.signum or 0, int(self._keep_due())], device=self._collective_device())
+        self._collective(dist.all_reduce, asked, op=dist.ReduceOp.MAX)
         self.keep_next = bool(asked[1].item())
         if asked[0].item():
             raise Stopped(int(asked[0].item()))
-
-    def _keep(self) -> bool:
-        return self.keep_next if self.distributed else Run._keep(self)
 
     def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """The mean of `tensor` over all ranks: what every rank must decide alike (the target_kl
@@ -80,43 +115,23 @@ class RankedRun(Run):
         if not self.distributed:
             return tensor
         total = tensor.detach().clone()
-        dist.all_reduce(total)
+        self._collective(dist.all_reduce, total)
         return total / self.world_size
 
+    def log(self, global_step: int, episodes: list[tuple], timings: dict[str, float]) -> None:
+        """Run.log, of every rank's episodes and restarts (rank 0 logs them)."""
+        self._check_weights(global_step)
+        all_ranks = self._gather((episodes, self.envs.restarts))
+        episodes = [episode for ranks_episodes, _ in all_ranks for episode in ranks_episodes]
+        self.progress.log(self.writer, global_step, episodes, sum(r for _, r in all_ranks), timings)
+
     def _collective_device(self) -> torch.device:
-        return self.device if self.distributed and dist.get_backend() == "nccl" else torch.device("cpu")
-
-    def _num_workers(self) -> int | None:
-        return self.args.num_workers if self.args.num_workers is not None else self.cores
-
-    def _interrupt(self) -> Any:
-        # ranks stop together, at stop_if_asked: not mid-step
-        return None if self.distributed else stops.request
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _gather(self, obj: Any) -> list:
         """Every rank's `obj`, on rank 0 (which alone logs and saves); [] on the others."""
         if not self.distributed:
             return [obj]
         gathered = [None] * self.world_size if self.is_main else None
-        dist.gather_object(obj, gathered, dst=0)
+        self._collective(dist.gather_object, obj, gathered, dst=0)
         return gathered or []
-
-    def _gather_episodes(self, episodes: list, restarts: int) -> tuple[list, int]:
-        all_ranks = self._gather((episodes, restarts))
-        return [episode for e, _ in all_ranks for episode in e], sum(r for _, r in all_ranks)
-
-    def _ranks_note(self, first_seed: int) -> str:
-        seeds = self._gather(list(range(first_seed, first_seed + self.envs.num_envs)))
-        if not self.distributed:
-            return ""
-        return f", x {self.world_size} ranks" + ("" if self.args.resume else f", env seeds {seeds}")
-
-    @staticmethod
-    def lost_rank(exc: BaseException) -> bool:
-        """True for the error a collective raises when another rank is gone (in gloo's or NCCL's words)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return False
-        text = str(exc).lower()
-        return isinstance(exc, dist.DistError) or any(
-            s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl")
-        )

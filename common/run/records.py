@@ -13,8 +13,8 @@ import io
 import itertools
 import json
 import os
+import pickle
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from .errors import FlagError, RunError
-from .flags import given_fields
 
 LOCK = ".lock"
 
@@ -51,7 +50,7 @@ def run_name(args: Any) -> str:
     return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}"
 
 
-def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
+def make_run_dir(args: Any, command_line: Any, steps_per_iteration: int, world_size: int) -> Path:
     """Creates and holds runs/{run_name}__{--run-id}, or runs/{run_name}__{unix time} (-2, -3, ... if
     taken), with its args.json; RunError in one line if it cannot be made here. A folder of the run id
     that holds no checkpoint (its start was stopped before it saved) is made anew."""
@@ -69,7 +68,7 @@ def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
             except FileExistsError:
                 continue
             hold(path / LOCK)
-            write_args(path, args, steps_per_iteration, world_size)
+            write_args(path, args, command_line, steps_per_iteration, world_size)
             return path
     except OSError as exc:  # read-only, full, or `runs` is a file
         why = "a file of that name is in the way" if os.path.isfile("runs") else exc.strerror
@@ -78,17 +77,18 @@ def make_run_dir(args: Any, steps_per_iteration: int, world_size: int) -> Path:
         ) from None
 
 
-def write_args(run_dir: Path, args: Any, steps_per_iteration: int, world_size: int, resumed: dict | None = None):
+def write_args(run_dir: Path, args: Any, command_line: Any, steps_per_iteration: int, world_size: int, resumed=None):
     """args.json: the flags the run is trained with, the script's defaults and the fields its
-    first command line gave (together, what it was asked for: its identity to a sweep), its ranks
-    and the steps of an iteration of them all, and each resume: when, from which iteration and
-    step, and which flags it changed."""
+    first command line named (together, what it was asked for: its identity to a sweep), its
+    scheduled flags, its ranks and the steps of an iteration of them all, and each resume (the
+    checkpoint `resumed`): when, from which iteration and step, and which flags it changed."""
     path, flags = run_dir / "args.json", dataclasses.asdict(args)
     record = {
-        "script": Path(sys.argv[0]).name,
+        "script": command_line.script,
         **flags,
         "defaults": dataclasses.asdict(type(args)()),
-        "given": sorted(given_fields(type(args))),
+        "given": sorted(command_line.named),
+        "scheduled": list(getattr(type(args), "SCHEDULED", ())),
         "world_size": world_size,
         "steps_per_iteration": steps_per_iteration,
         "resumes": [],
@@ -170,12 +170,11 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
             raise FlagError(f"{where}: not a checkpoint (not a file that torch.save wrote)")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, damaged and foreign files alike
-        reason = "it is cut short or damaged"
-        if "Weights only load failed" in str(exc):
-            reason = "it holds objects no checkpoint of this project holds, and they were not loaded: only "
-            reason += "resume what you wrote"
-        raise FlagError(f"{where}: not a readable checkpoint ({reason})") from None
+    except pickle.UnpicklingError:  # what weights_only raises for anything but values
+        reason = "it holds objects no checkpoint of this project holds, and they were not loaded: only resume what "
+        raise FlagError(f"{where}: not a readable checkpoint ({reason}you wrote)") from None
+    except Exception:  # noqa: BLE001 - truncated and damaged files alike
+        raise FlagError(f"{where}: not a readable checkpoint (it is cut short or damaged)") from None
     written_by = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if written_by != script:
         what = f"was written by {written_by}" if isinstance(written_by, str) else "is not a checkpoint of this project"

@@ -1,7 +1,7 @@
 """A run of a training script as its `main` sees it: one object that owns the flags, the env probed
 once, the run folder and writer, the envs, the state kept at iteration boundaries and the
-checkpoints written from it, the stop's safe points, and the one place a run ends (Run.cli, the
-script's entry point, is cli.py's)."""
+checkpoints written from it, the stop's safe points, and the one place a run ends. One process:
+RankedRun (ranks.py) is the same under torchrun."""
 
 from __future__ import annotations
 
@@ -19,52 +19,55 @@ import numpy as np
 import torch
 
 from ..multiprocessing_env import SubprocVecEnv, WorkerError
-from ..vecenv import process_control
-from . import cli, flags, progress, records, stops
+from . import cli, flags, progress, records
+from .cli import CommandLine
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped
 
 # a boundary's state is kept once this many times what keeping the last one took has passed
 KEEP_EVERY = 50
+# seconds a failed env waits for the stop signal that may be on its way (a scheduler signals every process)
+SIGNAL_LAG = 1.0
 TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
 
 
 class Run:
-    """A new run, the one --resume (or --run-id) names, or the checkpoint --eval-checkpoint evaluates:
-    `args` the flags it runs with (a resumed run's own), `dir` its folder (from `start`, on rank 0).
+    """A new run, the one --resume (or --run-id) names, or the checkpoint --eval-checkpoint evaluates.
+
+    `args` are the flags it runs with (a resumed run's own), `dir` its folder (from `start`).
 
     Args:
         args: the script's flags (its Args dataclass, as parsed).
-        rank, world_size, local_world_size: this process's place among torchrun's ranks.
+        command_line: what Run.cli parsed (None: a main called from Python, no flag named).
 
     Raises:
-        FlagError: a flag, an env id or a checkpoint the command line names that cannot be used."""
+        FlagError: a flag, an env id or a checkpoint the command line names that cannot be used.
+    """
 
     cli = staticmethod(cli.run)  # a script's entry point: Run.cli(main, Args, __doc__)
+    rank, world_size, is_main = 0, 1, True
+    ENVS_FLAG = "num_envs"  # the flag of the envs this process steps
+    SAVED_ON = (WorkerError, TimeoutError)  # the failures after which the last boundary kept is saved
 
-    def __init__(self, args: Any, rank: int = 0, world_size: int = 1, local_world_size: int = 1):
-        self.script = Path(sys.modules[type(args).__module__].__file__).name
-        self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
-        self.cores = max(1, process_control.cores() // local_world_size)  # this rank's share
+    def __init__(self, args: Any, command_line: CommandLine | None = None):
+        self.command_line = command_line or CommandLine.of(args)
+        self.script, self.stop = self.command_line.script, self.command_line.stop
         self.notes: list[str] = []  # what the start line adds
         self.where = ""  # the flag that named the checkpoint, and the file: messages start with it
         self.args, self.checkpoint = self._flags(args)
-        if getattr(self.args, "num_threads", 1) is None:  # this rank's share of the cores, kept by a resume
-            self.args.num_threads = self.cores
-        self.envs_flag = "local_num_envs" if hasattr(args, "local_num_envs") else "num_envs"  # a rank's envs
-        flags.check(self.args, flags.batch_rules(self.args, self.envs_flag, world_size))
+        flags.check(self.args, flags.batch_rules(self.args, self.ENVS_FLAG, self.world_size))
         flags.check_env_id(self.args.env_id)  # imports the module of a module:EnvId id
+        trained = (self.checkpoint or {}).get("iteration", 0) if self.args.resume is not None else 0
+        self.start_iteration = trained + 1
         self.dir: Path | None = None
         self.device = self.envs = self.writer = self.progress = None
         self.probed: dict[str, Any] = {}
         self.state: dict[str, Any] = {}  # what a checkpoint holds
         self.num_iterations = self.steps = 0
-        self.start_iteration = 1
         self.last: dict | None = None  # the state of the last boundary kept: what a save writes
         self.last_saved: dict | None = None  # what this run last wrote to checkpoint.pt
         self.saved_iteration: int | None = None  # the iteration checkpoint.pt holds
-        # when the last boundary was kept, and what that took
-        self.kept_at, self.keeping = None, 0.0
+        self.kept_at, self.keeping = None, 0.0  # when the last boundary was kept, and what that took
 
     def _flags(self, args: Any) -> tuple[Any, dict | None]:
         """The flags to run with, and the checkpoint they come from: --resume (or --run-id, of a run that
@@ -85,7 +88,7 @@ class Run:
         names = [f.name for f in dataclasses.fields(args)]
         # flags an older version had and this one has not are left out
         saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in names})
-        from_command_line = {name: getattr(args, name) for name in names if name in flags.given_fields(type(args))}
+        from_command_line = {name: getattr(args, name) for name in names if name in self.command_line.named}
         module = saved.env_id.rpartition(":")[0]
         if module and "env_id" not in from_command_line:  # a checkpoint never chooses what is imported
             env = saved.env_id
@@ -109,9 +112,9 @@ class Run:
             )
         resumed = dataclasses.replace(saved, **from_command_line | {"resume": path})
         trained_with = getattr(saved, "num_threads", None)
-        if trained_with not in (None, getattr(resumed, "num_threads", None)):  # torch then sums in another order
+        if trained_with not in (None, getattr(resumed, "num_threads", None)):  # torch may then sum in another order
             threads = f"--num-threads {resumed.num_threads}, not the {trained_with} it trained with"
-            self.notes.append(f"{threads}: its weights will differ from an unstopped run's")
+            self.notes.append(f"{threads}: its weights may differ from an unstopped run's")
         return resumed, checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
@@ -122,27 +125,35 @@ class Run:
             Its observation space and action space.
 
         Raises:
-            FlagError: naming --env-id, if it cannot be built or speaks gym's old API; naming
-                --num-steps, if the rollout's observations would not fit in memory."""
+            FlagError: naming --env-id, if it cannot be built or speaks gym's old API.
+            FlagError: naming --num-steps, if the rollout's observations would not fit in memory.
+        """
         env_fn = make_env(dataclasses.replace(self.args, capture_video=False), 0, None)
-        self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0)
-        flags.check_rollout(self.args, self.envs_flag, self.probed["spaces"][0])
+        self.probed = flags.probe_env(self.args.env_id, env_fn, self.args.step_timeout or 600.0, self.stop)
+        flags.check_rollout(self.args, self.ENVS_FLAG, self.probed["spaces"][0])
         return self.probed["spaces"]
 
     def load(self, **state: Any) -> None:
         """Puts the state --eval-checkpoint holds into these objects (model=agent, ...), through
-        their load_state_dict. FlagError if the checkpoint holds none of one, or one of other sizes."""
+        their load_state_dict.
+
+        Raises:
+            FlagError: the checkpoint holds none of one, or one of other sizes.
+        """
         records.check_fields(self.checkpoint, state, self.where, self.script)
         for name, obj in state.items():
             records.load_state(obj, self.checkpoint[name], self.where)
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
-        """The run, from its folder to its closing line, around the block: a stop, an env failure or a
-        lost rank saves the state of the last boundary kept; then summary.json and the closing line.
+        """The run, from its folder to its closing line, around the block: a stop, an env failure
+        (or, under torchrun, a lost rank) saves the state of the last boundary kept; then
+        summary.json and the closing line, and the envs are closed.
 
         Args:
-            device: where the model trains. num_iterations, steps: the iterations, the global steps of each.
+            device: where the model trains.
+            num_iterations: the iterations of the whole run.
+            steps: the global steps of each.
             state: what a checkpoint holds and a resume puts back: objects with state_dict() and
                 load_state_dict() (model, optimizer, normalizers) and numpy or torch generators (every
                 rank's). Whatever else the loop carries over a stop goes here too; torch's own
@@ -152,7 +163,32 @@ class Run:
             The TensorBoard writer (a silent one on ranks other than 0).
 
         Raises:
-            FlagError: a checkpoint that does not fit `state` or these ranks. Finished: nothing left to do."""
+            FlagError: a checkpoint that does not fit `state` or these ranks.
+            Finished: nothing left to do.
+        """
+        self._open(device, num_iterations, steps, state)
+        status = "failed"
+        try:
+            yield self.writer
+            status = "done"
+        except Stopped as exc:
+            status = f"stopped by {exc}"
+            self._save_on_the_way_out()
+            raise
+        except self.SAVED_ON:
+            # a scheduler signals every process: an env (or a rank) may fail before the signal comes here
+            stopped = self.stop.wait(SIGNAL_LAG)
+            status = f"stopped by {signal.Signals(self.stop.signum).name}" if stopped else "failed"
+            self._save_on_the_way_out()
+            if stopped:
+                raise Stopped(self.stop.signum) from None
+            raise
+        finally:
+            self._close(status)
+
+    def _open(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> None:
+        """The state a resume puts back, the folder (the resumed run's, or a new one), the progress
+        line's counters and the writer."""
         state = {**state, "torch_rng": torch.default_generator}
         if device.type == "cuda":
             torch.cuda.init()  # (default_generators is empty until then)
@@ -160,35 +196,10 @@ class Run:
         self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps, state
         earlier = self._resume() if self.args.resume is not None else {}
         if self.is_main and self.args.resume is None:
-            self.dir = records.make_run_dir(self.args, steps, self.world_size)
+            self.dir = records.make_run_dir(self.args, self.command_line, steps, self.world_size)
         first, recent = (self.start_iteration - 1) * steps, (self.checkpoint or {}).get("recent_returns", [])
         self.progress = progress.Progress(num_iterations * steps, first, self.is_main, recent, earlier)
         self.writer = progress.open_writer(self.dir, self.args, first) if self.is_main else progress.NoWriter()
-        status = "failed"
-        try:
-            # the envs, closed as the run ends, however it ends
-            with contextlib.ExitStack() as self._resources:
-                try:
-                    yield self.writer
-                    status = "done"
-                except Stopped as exc:
-                    status = f"stopped by {exc}"
-                    self._save_on_the_way_out()
-                    raise
-                except Exception as exc:
-                    if not isinstance(exc, (WorkerError, TimeoutError)) and not self.lost_rank(exc):
-                        raise  # a bug, or the script's own RunError (NaN weights): nothing to save
-                    # a scheduler signals every process: an env may die first
-                    stopped = stops.request.wait(1.0)
-                    status = f"stopped by {signal.Signals(stops.request.signum).name}" if stopped else "failed"
-                    self._save_on_the_way_out()
-                    if stopped:
-                        raise Stopped(stops.request.signum) from None
-                    raise
-        finally:
-            self.writer.close()
-            if self.is_main:
-                self._close(status)
 
     def _resume(self) -> dict:
         """Puts the checkpoint's state into `state`, then holds the run's folder; its summary so far."""
@@ -219,20 +230,20 @@ class Run:
                 obj.set_state(checkpoint[name][self.rank])
             else:
                 records.load_state(obj, checkpoint[name], where)
-        self.start_iteration = done + 1
         planned = checkpoint["args"].get("total_timesteps", total)
-        if self.is_main and planned // self.steps != self.num_iterations and flags.scheduled(vars(self.args)):
-            print(
-                f"{self.script}: --total-timesteps {total} moves the end of --anneal-lr's schedule (made for "
-                f"{planned} steps): the learning rate goes on from {1.0 - done / self.num_iterations:.2f} x "
-                f"--learning-rate down to 0 at step {self.num_iterations * self.steps}",
-                flush=True,
-            )
+        if self.is_main and planned // self.steps != self.num_iterations:
+            for name in flags.schedules(self.args):
+                print(
+                    f"{self.script}: --total-timesteps {total} moves the end of {flags.flag(name)}'s schedule (made "
+                    f"for {planned} steps): it goes on from {1.0 - done / self.num_iterations:.2f} of the way, to its "
+                    f"end at step {self.num_iterations * self.steps}",
+                    flush=True,
+                )
         if not self.is_main:
             return {}
         records.hold(self.dir / records.LOCK)
         try:
-            records.write_args(self.dir, self.args, self.steps, self.world_size, resumed=checkpoint)
+            records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
             # a kill from now on leaves it running, not as it ended before
             records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
         except OSError as exc:
@@ -241,81 +252,104 @@ class Run:
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
         """Builds make_env(args, i, dir) for i < num_envs in a SubprocVecEnv laid out as the probe
-        decided (or --num-workers says), closed as the run ends, and prints the start line.
+        decided (or --num-workers says), and prints the start line. Inside `start` only: the envs
+        write into the run's folder (videos) and are closed as the run ends.
 
         Returns:
-            The envs, and the observations to act on first: the envs' as the checkpoint left them,
-            or those of a reset seeding env i with seed + i (after a stop, seeds no earlier part
-            of the run used)."""
-        args, bounds = self.args, {"max_restarts": self.args.max_restarts, "step_timeout": self.args.step_timeout}
-        env_fns = [make_env(args, i, self.dir) for i in range(num_envs)]
-        layout = {"num_workers": self._num_workers(), "interrupt": self._interrupt(), "probe": self.probed}
-        envs = self.envs = self._resources.enter_context(SubprocVecEnv(env_fns, **layout, **bounds))
+            The envs.
+            The observations to act on first: the envs' as the checkpoint left them, or those of a
+            reset seeding env i with seed + i (after a stop, seeds no earlier part of the run used).
+        """
+        if self.progress is None:
+            raise RuntimeError("run.make_envs is called inside `with run.start(...)`: the envs close with the run")
+        envs, note = self._build_envs(make_env, num_envs, self.args.num_workers, self.stop)
         first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
-        saved = (self.checkpoint or {}).get("env_states", [None] * self.world_size)[self.rank]
-        next_obs, why = None, ""
-        if saved is None:
-            why = "its envs could not be saved: an env class of yours says `pickle_state = True` if its state is data"
-        elif isinstance(saved, bytes):
-            why = "an older version pickled its env states: they are not loaded, as no pickle is"
-        elif args.resume is not None:
-            try:
-                next_obs = envs.load_env_states(saved)
-            except ValueError as exc:
-                why = f"its env states do not fit these envs: {records.one_line(exc)}"
+        next_obs, why = self._env_states(envs), ""
+        if isinstance(next_obs, str):
+            next_obs, why = None, next_obs
         if next_obs is None:
             next_obs = envs.reset(seed=first_seed)[0]
-        line = f"{args.env_id}, {envs.placement}, {self.device}{self._ranks_note(first_seed)}"
-        if args.resume is not None:
+        line = f"{self.args.env_id}, {envs.placement}, {self.device}{note(first_seed)}"
+        if self.args.resume is not None:
             line += f"; resuming from iteration {self.start_iteration - 1} (step {self.progress.first_step}), "
             line += f"the envs in fresh episodes ({why})" if why else "the envs as they were"
         if self.is_main:
             print(f"{self.script}: {'; '.join([line, *self.notes])}; results in {self.dir}", flush=True)
         return envs, next_obs
 
+    def _build_envs(self, make_env: Callable, num_envs: int, num_workers: int | None, interrupt: Any):
+        """The envs, and what the start line says of the ranks (nothing, with one: ranks.py's)."""
+        env_fns = [make_env(self.args, i, self.dir) for i in range(num_envs)]
+        bounds = {"max_restarts": self.args.max_restarts, "step_timeout": self.args.step_timeout}
+        self.envs = SubprocVecEnv(env_fns, num_workers=num_workers, interrupt=interrupt, probe=self.probed, **bounds)
+        return self.envs, lambda first_seed: ""
+
+    def _env_states(self, envs: SubprocVecEnv) -> Any:
+        """The observations of the envs put back as the checkpoint holds them, None for a new run,
+        or why they start fresh episodes."""
+        if self.args.resume is None:
+            return None
+        saved = self.checkpoint.get("env_states", [None] * self.world_size)[self.rank]
+        if saved is None:
+            return "its envs could not be saved: an env class of yours says `pickle_state = True` if its state is data"
+        if isinstance(saved, bytes):
+            return "an older version pickled its env states: they are not loaded, as no pickle is"
+        try:
+            return envs.load_env_states(saved)
+        except ValueError as exc:
+            return f"its env states do not fit these envs: {records.one_line(exc)}"
+
     def iterations(self) -> Iterator[int]:
-        """Yields the iterations left to do (from 1). Before each and after the last, the state at
-        that boundary is kept (a stop saves it) where KEEP_EVERY allows or a save is due: every
-        --checkpoint-interval iterations, and at the end (with --save-model, also as
-        <exp-name>.cleanrl_model)."""
+        """Yields the iterations left to do (from 1).
+
+        Before each and after the last, the state at that boundary is kept (a stop saves it) where
+        KEEP_EVERY allows or a save is due: every --checkpoint-interval iterations, and at the end
+        (with --save-model, also as <exp-name>.cleanrl_model).
+        """
         for iteration in range(self.start_iteration, self.num_iterations + 1):
             self._boundary(iteration - 1)
             yield iteration
         self._boundary(self.num_iterations)
 
-    def _boundary(self, done: int) -> None:
+    def _due(self, done: int) -> bool:
+        """Whether a save is due after `done` iterations: the last, or a --checkpoint-interval's."""
         interval = self.args.checkpoint_interval
-        save_due = done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0)
-        if not (save_due or self._keep()):
-            return
-        started = time.perf_counter()
+        return done == self.num_iterations or (done >= self.start_iteration and interval and done % interval == 0)
+
+    def _keep_due(self) -> bool:
+        """Whether KEEP_EVERY times what keeping the last boundary took has passed since."""
+        return self.kept_at is None or time.perf_counter() - self.kept_at >= KEEP_EVERY * self.keeping
+
+    def _boundary(self, done: int) -> None:
+        if self._due(done) or self._keep_due():
+            self._keep(done, [self._rank_state()])
+
+    def _rank_state(self) -> tuple[dict, Any]:
+        """What each rank keeps of its own: its generators' states and its envs'."""
         generators = {name: _rng_state(obj) for name, obj in self.state.items() if _per_rank(obj)}
-        all_ranks = self._gather((generators, self.envs.save_env_states() if self.envs is not None else None))
+        return generators, self.envs.save_env_states() if self.envs is not None else None
+
+    def _keep(self, done: int, all_ranks: list[tuple[dict, Any]]) -> None:
+        """Keeps the state at the boundary after `done` iterations (all_ranks: every rank's own),
+        and saves it where a save is due."""
+        started = time.perf_counter()
         if self.is_main:
             self.last = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size}
             self.last |= {"iteration": done, "global_step": done * self.steps}
-            self.last |= {
-                "env_states": [envs for _, envs in all_ranks],
-                "recent_returns": [*self.progress.recent_returns],
-            }
+            self.last["env_states"] = [envs for _, envs in all_ranks]
+            self.last |= {"recent_returns": [*self.progress.recent_returns]}
             for name, obj in self.state.items():
-                self.last[name] = (
-                    [g[name] for g, _ in all_ranks] if _per_rank(obj) else records.copy_state(obj.state_dict())
-                )
+                kept = [g[name] for g, _ in all_ranks] if _per_rank(obj) else records.copy_state(obj.state_dict())
+                self.last[name] = kept
         # The first keeping pays for what is done once, so it is not timed: the next one is
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
-        if self.is_main and save_due:
+        if self.is_main and self._due(done):
             self.save()
         if self.is_main and done == self.num_iterations and self.args.save_model:
-            # CleanRL's file: the same state
-            path = self.dir / f"{self.args.exp_name}.cleanrl_model"
+            path = self.dir / f"{self.args.exp_name}.cleanrl_model"  # CleanRL's file: the same state
             records.save_checkpoint(path, self.last)
             print(f"model saved to {path}", flush=True)
-
-    def _keep(self) -> bool:
-        """Whether KEEP_EVERY times what keeping the last boundary took has passed since."""
-        return self.kept_at is None or time.perf_counter() - self.kept_at >= KEEP_EVERY * self.keeping
 
     def save(self, status: str = "running") -> None:
         """Writes the state of the last boundary kept to checkpoint.pt, and summary.json."""
@@ -323,10 +357,14 @@ class Run:
         self.last_saved, self.saved_iteration = self.last, self.last["iteration"]
         self._summarize(status)
 
+    def stop_requested(self) -> bool:
+        """Whether a stop signal came (the rollout may end early: stop_if_asked then stops)."""
+        return self.stop.signum is not None
+
     def stop_if_asked(self) -> None:
         """A safe point: raises Stopped if a stop signal came (the run then saves the last boundary
         kept, and ends)."""
-        stops.request.check()
+        self.stop.check()
 
     def log(self, global_step: int, episodes: list[tuple], timings: dict[str, float]) -> None:
         """Logs to TensorBoard and prints the progress line (every 2 s).
@@ -337,58 +375,50 @@ class Run:
             timings: seconds of this iteration by part ({"env": ..., "update": ...}): perf/*_seconds.
 
         Raises:
-            RunError: a weight of a model in the state became NaN or infinite."""
+            RunError: a weight of a model in the state became NaN or infinite.
+        """
+        self._check_weights(global_step)
+        self.progress.log(self.writer, global_step, episodes, self.envs.restarts, timings)
+
+    def _check_weights(self, global_step: int) -> None:
         for name, obj in self.state.items():
             if isinstance(obj, torch.nn.Module) and not all(p.isfinite().all() for p in obj.parameters()):
                 raise RunError(
                     f"iteration {global_step // self.steps} (global_step {global_step}): the weights of {name} "
                     "became NaN/Inf; look for NaN/Inf in observations or rewards, or lower --learning-rate"
                 )
-        self.progress.log(self.writer, global_step, *self._gather_episodes(episodes, self.envs.restarts), timings)
 
     def evaluate(self, act: Callable[[Any], Any], make_env: Callable) -> list[float]:
         """Plays --eval-episodes whole episodes (whole games, for Atari) on env 0 of make_env, where
-        the probe decided it steps, acting with act(obs) on a batch of one.
+        the probe decided it steps, acting with act(obs) on a batch of one. A stop ends it early: the
+        episodes played are its result.
 
         Returns:
-            Their raw returns, also printed and, in a run, logged as eval/episodic_return."""
+            Their raw returns, also printed and, in a run, logged as eval/episodic_return.
+        """
         if not self.is_main:
             return []
         args = self.args if self.args.eval_checkpoint else dataclasses.replace(self.args, capture_video=False)
         env_fn = make_env(args, 0, Path(args.eval_checkpoint or self.dir / "checkpoint.pt").parent / "eval")
-        returns = []
-        with SubprocVecEnv([env_fn], num_workers=args.num_workers, interrupt=stops.request, probe=self.probed) as envs:
-            obs, _ = envs.reset(seed=args.seed + 10_000)  # seeds training never used
-            while len(returns) < args.eval_episodes:
-                obs, _, _, _, infos = envs.step(act(obs))
-                # (not when only a life ended)
-                if infos.get("final_info", {}).get("_episode", [False])[0]:
-                    returns.append(float(infos["final_info"]["episode"]["r"][0]))
+        returns, stopped = [], ""
+        try:
+            with SubprocVecEnv([env_fn], num_workers=args.num_workers, interrupt=self.stop, probe=self.probed) as envs:
+                obs, _ = envs.reset(seed=args.seed + 10_000)  # seeds training never used
+                while len(returns) < args.eval_episodes:
+                    obs, _, _, _, infos = envs.step(act(obs))
+                    # (not when only a life ended)
+                    if infos.get("final_info", {}).get("_episode", [False])[0]:
+                        returns.append(float(infos["final_info"]["episode"]["r"][0]))
+        except Stopped as exc:
+            if self.args.eval_checkpoint:  # evaluating was all this process did: it stopped
+                raise
+            stopped = f" (stopped by {exc} after {len(returns)} of {args.eval_episodes})"
         for idx, episodic_return in enumerate(returns if self.writer is not None else []):
             self.writer.add_scalar("eval/episodic_return", episodic_return, idx)
+        mean = f"{sum(returns) / len(returns):.2f}" if returns else "n/a"
         shown = ", ".join(f"{r:.6g}" for r in returns)
-        print(f"eval: mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes: [{shown}]")
+        print(f"eval: mean return {mean} over {len(returns)} episodes{stopped}: [{shown}]", flush=True)
         return returns
-
-    # What ranks do together: nothing, with one (ranks.py)
-    def _num_workers(self) -> int | None:
-        return self.args.num_workers
-
-    def _interrupt(self) -> Any:
-        return stops.request  # what ends a wait on the envs: a stop
-
-    def _gather(self, obj: Any) -> list:
-        return [obj]
-
-    def _gather_episodes(self, episodes: list, restarts: int) -> tuple[list, int]:
-        return episodes, restarts
-
-    def _ranks_note(self, first_seed: int) -> str:
-        return ""
-
-    @staticmethod
-    def lost_rank(exc: BaseException) -> bool:
-        return False
 
     def _save_on_the_way_out(self) -> None:
         if not self.is_main or self.last is None or self.last_saved is self.last:
@@ -411,8 +441,15 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """summary.json, the closing line, the folder let go; a run stopped while it evaluates its
-        last checkpoint is done."""
+        """The envs closed, the writer flushed; on rank 0 summary.json, the closing line (left to
+        Run.cli to print last) and the folder let go. A run stopped while it evaluates its last
+        checkpoint is done."""
+        if self.envs is not None:
+            self.envs.__exit__(*sys.exc_info())  # (with the failure that ends the run, if one does)
+        with contextlib.suppress(OSError):  # a full or read-only disk: the run's own line says so
+            self.writer.close()
+        if not self.is_main:
+            return
         trained = self.saved_iteration == self.num_iterations
         shown = f"done (its evaluation: {status})" if trained and status != "done" else status
         summary, mean = self._summarize("done" if trained else status), self.progress.mean_return()
@@ -425,10 +462,11 @@ class Run:
         if summary["checkpoint"]:
             again = "python" if trained or self.world_size == 1 else "torchrun <the same torchrun options>"
             how, flag = ("evaluate with", "--eval-checkpoint") if trained else ("continue with", "--resume")
-            line += f"; {how}: {again} {sys.argv[0]} {flag} {summary['checkpoint']}"
+            line += f"; {how}: {again} {self.command_line.argv[0]} {flag} {summary['checkpoint']}"
             line += f" --env-id {self.args.env_id}" if ":" in self.args.env_id else ""  # it imports the module
-        (self.dir / records.LOCK).unlink(missing_ok=True)  # the lock itself ends with the process
-        cli.closing_lines.append((line, shown != "done"))  # cli.run prints it last
+        with contextlib.suppress(OSError):  # the lock itself ends with the process
+            (self.dir / records.LOCK).unlink(missing_ok=True)
+        self.command_line.closing = (line, shown != "done")
 
 
 def _per_rank(obj: Any) -> bool:

@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 from ..vecenv.process_control import STOP_SIGNALS
 
@@ -34,12 +33,14 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """This process's stop request: `signum` (None until a stop signal arrives), `check()` at safe
+    """A process's stop request: `signum` (None until a stop signal arrives), `check()` at safe
     points, `fileno()` for waits to wake on. `install()` (main thread) makes the stop signals
-    requests (but SIGHUP where nohup ignores it). With `at_once` set, a stop ends the process at
-    once (a wait in C code no signal interrupts, before there is anything to save)."""
+    requests (but SIGHUP where nohup ignores it); Run.cli installs one for the script `script`. With
+    `at_once` set, a stop ends the process at once (a wait in C code no signal interrupts, before
+    there is anything to save)."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: str = "python") -> None:
+        self.script = script  # what its own lines start with
         self.signum: int | None = None
         self.at_once = False
         # readable once a stop is requested: what waits poll
@@ -86,7 +87,7 @@ class StopRequest:
         while True:
             timeout = None if first is None else max(0.0, first + STOP_WITHIN - time.monotonic())
             if not select.select([signals_r], [], [], timeout)[0]:
-                _end_now(f"the stop took over {STOP_WITHIN:g} s; ending now", 128 + self.signum)
+                self._end_now(f"the stop took over {STOP_WITHIN:g} s; ending now", 128 + self.signum)
             for signum in os.read(signals_r, 64):
                 if signum not in STOP_SIGNALS:
                     continue
@@ -94,17 +95,13 @@ class StopRequest:
                     first = time.monotonic()
                     self.ask(signum)
                     if self.at_once:
-                        _end_now(f"stopped by {signal.Signals(signum).name}", 128 + signum)
+                        self._end_now(f"stopped by {signal.Signals(signum).name}", 128 + signum)
                 elif signum == signal.SIGINT and time.monotonic() - first >= SAME_STOP:
-                    _end_now("a second Ctrl-C: ending now", 128 + signum)
+                    self._end_now("a second Ctrl-C: ending now", 128 + signum)
 
-
-def _end_now(message: str, status: int) -> None:
-    print(f"{Path(sys.argv[0]).name}: {message}", file=sys.stderr, flush=True)
-    os._exit(status)
-
-
-request = StopRequest()  # this process's: signals are the process's, not a run's
+    def _end_now(self, message: str, status: int) -> None:
+        print(f"{self.script}: {message}", file=sys.stderr, flush=True)
+        os._exit(status)
 
 
 def end_with_launcher() -> None:

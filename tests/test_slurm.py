@@ -56,7 +56,7 @@ def sbatch(env: dict, cwd: Path, script: str, *flags: str, options: tuple = ()) 
     """Submits slurm/<script> from `cwd`, which holds the scripts as a user's checkout does, with
     the training script's flags; the job's id."""
     cwd.mkdir(parents=True)
-    for name in ("ppo_vec.py", "ppo_atari_multigpu.py"):
+    for name in ("ppo_vec.py", "ppo_atari_multigpu.py", "slurm"):
         (cwd / name).symlink_to(REPO / name)
     command = ["sbatch", "--parsable", *options, str(REPO / "slurm" / script), *flags]
     job = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=True).stdout

@@ -16,7 +16,7 @@ action=${1:-start}
 dir=$(realpath -m "${2:-/tmp/ppo-vec-slurm}")
 export SLURM_CONF=$dir/slurm.conf
 
-stop() {  # every daemon of DIR, by its pid file; the ports are free once they are gone
+stop() {  # every daemon of DIR (munged if this script started it), by its pid file; the ports are free once they are gone
   local pids=()
   for file in "$dir"/*.pid; do
     [ -f "$file" ] && pids+=("$(cat "$file")")
@@ -51,6 +51,8 @@ grep -qw n1 /etc/hosts || echo "127.0.0.1 n1 n2" >>/etc/hosts
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   mkdir -p /run/munge && chown munge:munge /run/munge
   runuser -u munge -- munged
+  for _ in $(seq 50); do [ -s /run/munge/munged.pid ] && break; sleep 0.1; done
+  cp /run/munge/munged.pid "$dir/munged.pid"  # started here: stop ends it too
 fi
 
 accounting=none

@@ -56,7 +56,7 @@ def sbatch(env: dict, cwd: Path, script: str, *flags: str, options: tuple = ()) 
     """Submits slurm/<script> from `cwd`, which holds the scripts as a user's checkout does, with
     the training script's flags; the job's id."""
     cwd.mkdir(parents=True)
-    for name in ("ppo_vec.py", "ppo_atari_multigpu.py"):
+    for name in ("ppo_vec.py", "ppo_atari_multigpu.py", "slurm"):
         (cwd / name).symlink_to(REPO / name)
     command = ["sbatch", "--parsable", *options, str(REPO / "slurm" / script), *flags]
     job = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=True).stdout
@@ -77,7 +77,10 @@ def release(env: dict, job: str) -> None:
     """Once the job is requeued (pending), lets it start now rather than in Slurm's two minutes."""
     wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING")
     time.sleep(SETTLE)
-    slurm_command(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
+    update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
+    out = subprocess.run(update, capture_output=True, text=True, timeout=60, env=env)
+    # a sweep test's Releaser, running beside this one, may have released it first
+    assert out.returncode == 0 or "no longer pending" in out.stderr, out.stderr
 
 
 def summary_of(folder: Path) -> dict:
@@ -175,10 +178,10 @@ def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard
     )
 
 
-def test_a_slice_that_fails_ends_its_job_and_the_job_names_its_run_itself(slurm, tmp_path):
+def test_a_slice_that_fails_ends_its_job(slurm, tmp_path):
     """A job whose run a notice stopped, and whose next slice cannot resume it (its checkpoint damaged
     meanwhile), ends failed, saying why in one line: it is not requeued again and again from the
-    summary the stopped slice left. --run-id after the script's name is refused: the job names its run."""
+    summary the stopped slice left."""
     flags = [*PACED, "--total-timesteps", str(400 * 128), "--checkpoint-interval", "5"]
     job = sbatch(slurm, tmp_path / "job", "ppo_vec.sbatch", *flags)
     folder = tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__1__{job}"
@@ -194,20 +197,85 @@ def test_a_slice_that_fails_ends_its_job_and_the_job_names_its_run_itself(slurm,
     assert job_state(slurm, job) == "FAILED" and text.count("requeued to resume") == 1, text
     last = text.rstrip().splitlines()[-2:]  # the run's one line, then srun's
     assert last[0].startswith("ppo_vec.py: error: ") and "not a checkpoint" in last[0] and "Traceback" not in text
-    other = sbatch(slurm, tmp_path / "other", "ppo_vec.sbatch", *flags, "--run-id", "mine")
-    wait_until(f"job {other} ended", lambda: job_state(slurm, other) not in ended)
-    text = (tmp_path / "other" / f"slurm-ppo_vec-{other}.out").read_text()
-    assert job_state(slurm, other) == "FAILED" and "--run-id: the job names its run itself" in text, text
 
 
-@pytest.mark.parametrize("stop", ["requeue", *LONG("notice", "time limit", "kill")])
+def step_started(env: dict, job: str) -> bool:
+    """True once the job's first step (srun: launch.py, then the script) is under way."""
+    return f"{job}.0" in slurm_command(env, "squeue", "-h", "-s", "-j", job, "-o", "%i").split()
+
+
+def sacct_state(env: dict, job: str) -> str:
+    """The job's state as Slurm's accounting keeps it, after Slurm forgot the job too."""
+    return "".join(slurm_command(env, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[:1])
+
+
+def test_a_notice_in_a_slices_first_second_requeues_and_a_new_job_continues_a_cancelled_run(slurm, tmp_path):
+    """A notice as the job's step starts (before the script has set its handlers or written a summary)
+    still brings the job back (slurm/launch.py's handlers come first); the job, cancelled once its run
+    saved, is gone, and a new job given --run-id <its id> goes on with that run from its save, to the
+    weights of the run never stopped, and ends COMPLETED."""
+    flags = [*PACED, "--total-timesteps", str(60 * 128), "--checkpoint-interval", "5", *MODEL]
+    reference = reference_run(slurm, tmp_path / "full", *flags)
+    job = sbatch(slurm, tmp_path / "job", "ppo_vec.sbatch", *flags)
+    wait_until(f"job {job}'s step started", lambda: step_started(slurm, job), every=0.05)
+    slurm_command(slurm, "scancel", "--signal=USR1", job)  # in the slice's first second
+    folder = tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__1__{job}"
+    assert not (folder / "summary.json").exists()  # the script had not begun its run
+    release(slurm, job)
+    saved = saved_after(folder, None)
+    slurm_command(slurm, "scancel", job)  # SIGTERM: the run saves, the job ends for good
+    wait_until(f"job {job} cancelled", lambda: sacct_state(slurm, job).startswith("CANCELLED"))
+    wait_until(f"run of {job} saved", lambda: summary_of(folder).get("status") == "stopped by SIGTERM")
+    cancelled = summary_of(folder)["checkpoint_iteration"]
+    assert cancelled >= saved
+    log = tmp_path / "job" / f"slurm-ppo_vec-{job}.out"
+    assert log.read_text().count("requeued to resume") == 1, log.read_text()
+    command = ["sbatch", "--parsable", str(REPO / "slurm" / "ppo_vec.sbatch"), *flags, "--run-id", job]
+    again = subprocess.run(command, cwd=tmp_path / "job", capture_output=True, text=True, timeout=60, env=slurm)
+    JOBS.append(again.stdout.strip())
+    wait_until(f"job {again.stdout.strip()} done", lambda: sacct_state(slurm, again.stdout.strip()) == "COMPLETED")
+    text = (tmp_path / "job" / f"slurm-ppo_vec-{again.stdout.strip()}.out").read_text()
+    assert resumes_in(text) == [cancelled] and "Traceback" not in text, text
+    assert summary_of(folder)["status"] == "done" and reference.wait(timeout=300) == 0
+    assert_same_weights(folder, next((tmp_path / "full" / "runs").iterdir()), "ppo_vec")
+
+
+def test_an_array_gives_each_task_its_seed_and_a_notice_requeues_that_task_alone(slurm, tmp_path):
+    """sbatch --array=1-2 with no --seed: task i trains seed i in a run of its own (run id <array
+    id>_<task id>); a notice to task 1 requeues task 1 alone: task 2, never warned, runs one slice
+    to the end. Both end COMPLETED, their runs done."""
+    flags = [*PACED, "--total-timesteps", str(50 * 128), "--checkpoint-interval", "5"]
+    array = sbatch(slurm, tmp_path / "job", "ppo_vec.sbatch", *flags, options=("--array=1-2",))
+    folders = {
+        task: tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__{task}__{array}_{task}"
+        for task in (1, 2)
+    }
+    saved_after(folders[1], None)
+    slurm_command(slurm, "scancel", "--signal=USR2", f"{array}_1")
+    release(slurm, f"{array}_1")
+    for task in (1, 2):
+        wait_until(f"task {array}_{task} done", lambda task=task: sacct_state(slurm, f"{array}_{task}") == "COMPLETED")
+        assert summary_of(folders[task])["status"] == "done"
+    logs = {
+        task: "".join(
+            log.read_text()
+            for log in (tmp_path / "job").glob("slurm-ppo_vec-*.out")
+            if f"of job {array}_{task} " in log.read_text()
+        )
+        for task in (1, 2)
+    }
+    assert f"requeued to resume: job {array}_1 comes back" in logs[1] and "slice 2 of job" in logs[1], logs
+    assert "slice 2" not in logs[2] and "stopped by" not in logs[2] and "requeued" not in logs[2], logs
+
+
+@pytest.mark.parametrize("stop", ["notice", *LONG("requeue", "time limit", "kill")])
 def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
-    """srun torchrun over the two nodes, a rank on each: a requeue by Slurm (in -m long also a
-    preemption notice, after which the job requeues itself, the time limit's warning of the script's
-    own --signal line, a hard kill after a save) stops both ranks, rank 0 saves, and the job comes back
-    to end with the weights of the same job never stopped, equal on both ranks, and no traceback from
-    torchrun. The notice is not in CI: once in a clean-clone run, the second node's torchrun lost the
-    rendezvous store as the first node's ended and printed a traceback (the run itself was done)."""
+    """srun torchrun over the two nodes, a rank on each: a preemption notice, after which the job
+    requeues itself (in -m long also a requeue by Slurm, the time limit's warning of the script's own
+    --signal line, a hard kill after a save) stops both ranks, rank 0 saves, and the job comes back to
+    end with the weights of the same job never stopped, equal on both ranks. The log ends in the ranks'
+    own lines on each node: no traceback, and no C++ stack dump of c10d's (a node whose torchrun
+    outlived the rendezvous' host: slurm/launch.py)."""
     iterations = 900 if stop == "time limit" else 60  # longer than a slice: the warning comes up to 90 s in
     flags = [*ATARI_TINY, "--total-timesteps", str(iterations * 32), "--checkpoint-interval", "5", "--num-threads", "1"]
     flags += MODEL
@@ -238,6 +306,7 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         releaser.done.set()
     text = (tmp_path / "job" / f"slurm-ppo_atari-{job}.out").read_text()
     assert summary_of(folder)["status"] == "done" and "Traceback" not in text, text
+    assert "frame #" not in text and "TCPStore" not in text, text
     assert ("requeued to resume" in text) == (stop in ("notice", "time limit")), text  # the job's own requeue
     assert resumes_in(text)[0] == (saved if stop == "kill" else stopped["checkpoint_iteration"]), text
     checksums = text.split("final parameter checksum per rank (equal: the ranks stayed in step): ")[1].splitlines()[0]
@@ -344,3 +413,41 @@ def slurm_job_of(env: dict, folder: Path) -> str | None:
     task = f"_{int(folder.name.split('__')[2]) - 1}"
     jobs = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], capture_output=True, text=True, timeout=30, env=env)
     return next((job for job in jobs.stdout.split() if job.endswith(task)), None)
+
+
+def test_ctrl_c_on_a_slurm_sweep_cancels_its_jobs_at_once_and_names_the_command_that_goes_on(slurm, tmp_path):
+    """Ctrl-C on python -m common.sweep --executor slurm, once each run has saved: within seconds it
+    cancels its jobs (each run saves on the SIGTERM), exits 130 and prints the command that goes on;
+    that command, pasted into a shell, resumes both runs to the end."""
+    flags = [*PACED, "--total-timesteps", str(60 * 128), "--checkpoint-interval", "5"]
+    command = [sys.executable, "-m", "common.sweep", "ppo_vec.py", "--env-ids", "tests.envs:PacedCartPole-v1"]
+    command += ["--seeds", "1", "2", "--executor", "slurm", "--jobs", "2", "--cpus-per-task", "1", "--", *flags]
+    (tmp_path / "ppo_vec.py").symlink_to(REPO / "ppo_vec.py")
+    releaser = Releaser(slurm)
+    releaser.start()
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    sweeping = subprocess.Popen(command, cwd=tmp_path, env=slurm, **pipes)
+    runs = tmp_path / "runs"
+    try:
+        wait_until("both runs saved", lambda: len([f for f in runs.glob("tests.*") if saved_in(f)]) == 2)
+        sweeping.send_signal(signal.SIGINT)  # Ctrl-C in the sweep's terminal
+        start = time.monotonic()
+        out, err = sweeping.communicate(timeout=60)
+        assert sweeping.returncode == 130 and time.monotonic() - start < 15 and "Traceback" not in err, out + err
+        line = next(line for line in out.splitlines() if "to go on with them: " in line)
+        assert line.startswith("stopped by SIGINT: cancelled jobs "), out
+        for folder in runs.glob("tests.*"):  # SIGTERM: each run saves as its job ends
+            wait_until(f"{folder.name} saved", lambda folder=folder: "SIGTERM" in summary_of(folder).get("status", ""))
+        again = line.split("to go on with them: ")[1]
+        pasted = run_command(["bash", "-c", again], tmp_path, timeout=600, extra_env=slurm)
+    finally:
+        releaser.done.set()
+        if sweeping.poll() is None:
+            sweeping.kill()
+    assert pasted.returncode == 0 and pasted.stdout.count(": resume, exit 0, status done") == 2, (
+        pasted.stdout + pasted.stderr
+    )
+
+
+def saved_in(folder: Path) -> bool:
+    return summary_of(folder).get("checkpoint_iteration") is not None

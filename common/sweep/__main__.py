@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
+import shutil
 import signal
 import sys
 import time
@@ -60,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     args.exp_name = args.exp_name or Path(args.script).stem
     args.cwd = str(Path.cwd())
+    # this sweep again, as it can be pasted here: the folder form runs from anywhere
+    on_path = Path(shutil.which("python") or "").resolve() == Path(sys.executable).resolve()
+    python = "python" if on_path else sys.executable
+    args.again = shlex.join([python, str(Path(__file__).resolve().parent), *argv])
     runs = [
         Run(str(Path(args.script).resolve()), env_id, seed, args.exp_name, flags, args.cwd)
         for env_id in dict.fromkeys(args.env_ids)  # each run once, however often it is named

@@ -392,53 +392,14 @@ def ended(summary: dict | None) -> str:
     return f"{summary.get('status')}, {'nothing saved' if saved is None else f'saved at iteration {saved}'}"
 
 
-def submitit_executor(args: argparse.Namespace) -> Any:
-    """submitit's executor for --executor slurm or submitit-local, its logs in runs/submitit."""
-    import submitit
-
-    folder = Path(args.cwd, "runs", "submitit", "%j")
-    if args.executor == "submitit-local":
-        executor = submitit.AutoExecutor(folder=folder, cluster="local")
-        executor.update_parameters(timeout_min=args.timeout_min)
-        return executor
-    # a job comes back as many times as its run needs (submitit's default: 3 timeouts)
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=1_000_000)
-    params = {
-        "timeout_min": args.timeout_min,
-        "slurm_array_parallelism": args.jobs,
-        "slurm_partition": args.partition,
-        "cpus_per_task": args.cpus_per_task,
-        "gpus_per_node": args.gpus,
-        "name": args.exp_name,
-    }
-    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-    return executor
-
-
 def run_all(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run, through the chosen engine; one outcome each, in order."""
     if args.executor == "local":
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is a process of its own
             return list(pool.map(lambda run: RunJob()(run), runs))
-    executor = submitit_executor(args)
-    # the folder this package is in
-    root = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
-    # jobs import it
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    jobs = executor.map_array(RunJob(), runs)
-    print(f"submitted {len(jobs)} jobs ({', '.join(job.job_id for job in jobs[:3])}...)", flush=True)
-    outcomes = []
-    for run, job in zip(runs, jobs, strict=True):
-        try:
-            outcomes.append(job.result())
-        except Exception:  # noqa: BLE001 - a job that ended with no result (cancelled, killed, failed): said below
-            folder = run.folder()
-            did = f"job {job.job_id} ended with no result ({job.state}; its log: {job.paths.stdout})"
-            summary = records.read_json(folder / "summary.json") if folder else None
-            outcomes.append(
-                {"run": run.label, "did": did, "exit": None, "folder": folder and str(folder), "summary": summary}
-            )
-    return outcomes
+    from .submitted import run_submitted  # submitit, only where it is asked for
+
+    return run_submitted(runs, args)
 
 
 MAX_RUNS = 10_000  # seeds a sweep takes at most (a range such as 0-4294967295 is a typo)

@@ -109,13 +109,23 @@ def install() -> dict:
     wheels = PEERS / "wheels" / TAG
     if not wheels.is_dir():
         found = sorted(p.name for p in (PEERS / "wheels").glob("*")) if (PEERS / "wheels").is_dir() else []
-        raise SystemExit(f"no wheels for {TAG} in {wheels} (there: {found}); run benchmarks/gpu_prep.py --python ...")
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        prep = f"python benchmarks/gpu_prep.py --python {version}"
+        raise SystemExit(f"no wheels for {TAG} in {wheels} (there: {found}); run here with PyPI: {prep}")
     versions = {}
     for group, requirements in GROUPS.items():
         site = PEERS / "site" / group
         shutil.rmtree(site, ignore_errors=True)
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-        pip += ["--disable-pip-version-check", "--find-links", str(wheels), "--target", str(site), *requirements]
+        pip += [
+            "--disable-pip-version-check",
+            "--root-user-action=ignore",
+            "--find-links",
+            str(wheels),
+            "--target",
+            str(site),
+            *requirements,
+        ]
         subprocess.run(pip, check=True, env=dict(os.environ, PIP_CONSTRAINT="", PIP_FIND_LINKS=""))
         names = IMPORTS[group].split()
         code = "import importlib, sys; print(*(f'{n} {importlib.import_module(n).__version__}' for n in sys.argv[1:]))"

@@ -45,6 +45,8 @@ TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 # What each group installs (--no-deps: each need named; torch, opencv, tensorboard, tqdm's absl-py
 # and cloudpickle are the machine's own). numpy 1.26 for CleanRL: its gymnasium 0.29 uses np.bool8.
+# tensordict 0.13 for LeanRL: from 0.14 on, from_module(...).data no longer detaches, and its rollout
+# then builds a graph its update backwards through twice.
 GROUPS = {
     "ours": [
         "gymnasium==1.4.0",
@@ -73,7 +75,8 @@ GROUPS = {
         "farama-notifications==0.0.6",
         "dm-env==1.6",
         "optree==0.20.0",
-        "tensordict==0.15.3",
+        "tensordict==0.13.0",
+        "packaging==25.0",
         "pyvers==0.2.3",
         "tqdm==4.70.1",
         "tyro==1.0.17",
@@ -241,8 +244,8 @@ class Bench:
         cmd += [] if self.cuda else ["--no-cuda"]
         name = "LeanRL " + " ".join(flags or ["eager"])
         cwd, output, seconds, status = self.launch(name, "leanrl", cmd, cap)
-        logs = [ln.split(" ", 2) for ln in output.splitlines() if ln.startswith("wandb.log ")]
-        logs = [(float(t), json.loads(d)) for _, t, d in logs]
+        # tqdm's progress bar (carriage returns, no newline) may stand before a line of the stub's
+        logs = [(float(t), json.loads(d)) for t, d in re.findall(r"wandb\.log (\S+) (\{.*\})", output)]
         sps, steps = rate([(t, d["step"]) for t, d in logs], warmup * 8 * args.num_steps)
         own = [d["speed"] for _, d in logs if d["step"] > warmup * 8 * args.num_steps]
         extra = {"its_own_speed": [round(s) for s in own]}
@@ -447,9 +450,9 @@ NOTES = [
     " as `ale_py:BreakoutNoFrameskip-v4` (gymnasium imports the module named before the colon; the same env).",
     "LeanRL's file (8dbb633) with envpool 0.9.0 (the last that keeps gym's old reset and step, which the file"
     " uses; its wheel cut down to the Atari part by gpu_prep.py), gym 0.25.2 (its requirement: gym<0.26),"
-    " tensordict 0.15.3 (it names tensordict-nightly; installed without its dependencies, so torch stays the"
-    " machine's), and benchmarks/peer_stubs/wandb.py for wandb (it calls wandb.init on every run): nothing is"
-    " sent, each log call prints a line read here. Its own speed figures (every 10 iterations) are in the .json.",
+    " tensordict 0.13.0 (it names tensordict-nightly; from 0.14 its detached copy of the weights is not detached"
+    " and its update fails; installed without its dependencies, so torch stays the machine's), and"
+    " benchmarks/peer_stubs/wandb.py for wandb (it calls wandb.init on every run): nothing is sent, each log call prints a line read here. Its own speed figures (every 10 iterations) are in the .json.",
 ]
 
 

@@ -410,7 +410,7 @@ def main() -> None:
         for flag in ("--overlap", "--compile", "--cudagraphs")
     }
     w, m = args.warmup, args.measured
-    bench.env_only(cap=75)
+    bench.env_only(cap=75 if bench.cuda else 150)
     bench.ours("ours eager", 8, [], w, m, cap=80)
     if bench.cuda:
         bench.leanrl(["--compile", "--cudagraphs"], w, m, cap=150)
@@ -452,7 +452,8 @@ NOTES = [
     " uses; its wheel cut down to the Atari part by gpu_prep.py), gym 0.25.2 (its requirement: gym<0.26),"
     " tensordict 0.13.0 (it names tensordict-nightly; from 0.14 its detached copy of the weights is not detached"
     " and its update fails; installed without its dependencies, so torch stays the machine's), and"
-    " benchmarks/peer_stubs/wandb.py for wandb (it calls wandb.init on every run): nothing is sent, each log call prints a line read here. Its own speed figures (every 10 iterations) are in the .json.",
+    " benchmarks/peer_stubs/wandb.py for wandb (it calls wandb.init on every run): nothing is sent, each log"
+    " call prints a line read here. Its own speed figures (every 10 iterations) are in the .json.",
 ]
 
 

@@ -10,6 +10,8 @@
 # Any error ends it with a non-zero status and the failing command's output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# On a node without the project installed: the packages gpu_side_by_side.sh installed there for ours
+[ -d benchmarks/.gpu_peers/site/ours ] && export PYTHONPATH="$PWD/benchmarks/.gpu_peers/site/ours${PYTHONPATH:+:$PYTHONPATH}"
 out=$(mktemp -d)
 smi=""
 trap '[ -z "$smi" ] || kill "$smi" 2>/dev/null || true' EXIT

@@ -50,7 +50,7 @@ from common.run.ranks import RankedRun
 
 @dataclass
 class Args:
-    SCHEDULED: ClassVar[tuple[str, ...]] = ("anneal_lr",)  # flags whose schedule spans --total-timesteps
+    SCHEDULED: ClassVar[dict[str, str]] = {"anneal_lr": "learning_rate"}  # flag: what it takes to 0 by the end
 
     # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]

@@ -42,7 +42,7 @@ from common.run.errors import FlagError
 
 @dataclass
 class Args:
-    SCHEDULED: ClassVar[tuple[str, ...]] = ("anneal_lr",)  # flags whose schedule spans --total-timesteps
+    SCHEDULED: ClassVar[dict[str, str]] = {"anneal_lr": "learning_rate"}  # flag: what it takes to 0 by the end
 
     # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]

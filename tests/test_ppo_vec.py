@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -340,7 +341,7 @@ def test_help_opens_with_the_description_and_commands_and_documents_every_flag()
     assert out.returncode == 0
     assert "PPO for flat-observation gymnasium envs" in out.stdout
     assert "python ppo_vec.py --env-id CartPole-v1 --num-envs 8" in out.stdout
-    for field in ppo_vec.Args.__dataclass_fields__:
-        assert f"--{field.replace('_', '-')}" in out.stdout
+    for field in dataclasses.fields(ppo_vec.Args):
+        assert f"--{field.name.replace('_', '-')}" in out.stdout
     for line in out.stdout.splitlines():
         assert line.count("(default") <= 1, line  # each default shown once

@@ -44,11 +44,12 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
     }
 
 
-def schedules(args: Any) -> list[str]:
-    """The flags of args (a script's Args) that make its run learn by a schedule over --total-timesteps
-    and are on: those its Args lists in SCHEDULED (ppo_vec.py: anneal_lr). A resume that changes that
-    number says how each moves; a sweep reuses such a run for no other number."""
-    return [name for name in getattr(type(args), "SCHEDULED", ()) if getattr(args, name, False)]
+def schedules(args: Any) -> dict[str, str]:
+    """The flags of args (a script's Args) that are on and take a value linearly to 0 over
+    --total-timesteps, each with that value's field: its Args' SCHEDULED (ppo_vec.py: {"anneal_lr":
+    "learning_rate"}). A resume that changes that number says how each moves; a sweep reuses such a
+    run for no other number."""
+    return {name: value for name, value in getattr(type(args), "SCHEDULED", {}).items() if getattr(args, name, False)}
 
 
 def scheduled(record: dict[str, Any]) -> bool:

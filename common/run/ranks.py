@@ -61,14 +61,14 @@ class RankedRun(Run):
             if self.distributed and dist.is_initialized():
                 dist.destroy_process_group()
 
-    def _collective(self, op: Callable, *args: Any, **kwargs: Any) -> Any:
-        """op(*args, **kwargs), one of torch.distributed's collectives. Where a peer is gone, gloo
+    def _collective(self, collective: Callable, /, *args: Any, **kwargs: Any) -> Any:
+        """collective(*args, **kwargs), one of torch.distributed's collectives. Where a peer is gone, gloo
         raises a bare RuntimeError (torch 2.13: all_reduce, gather_object, DDP's backward) and NCCL a
         DistBackendError (a RuntimeError too): no type tells them from other failures, so a failed
         collective of ours is taken for a lost rank, LostRank. DDP's backward is not ours: under
         gloo a rank lost there ends in its traceback."""
         try:
-            return op(*args, **kwargs)
+            return collective(*args, **kwargs)
         except RuntimeError as exc:
             raise LostRank(records.one_line(exc, 300)) from None
 

@@ -232,11 +232,11 @@ class Run:
                 records.load_state(obj, checkpoint[name], where)
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations:
-            for name in flags.schedules(self.args):
+            for name, value in flags.schedules(self.args).items():
                 print(
                     f"{self.script}: --total-timesteps {total} moves the end of {flags.flag(name)}'s schedule (made "
-                    f"for {planned} steps): it goes on from {1.0 - done / self.num_iterations:.2f} of the way, to its "
-                    f"end at step {self.num_iterations * self.steps}",
+                    f"for {planned} steps): {flags.flag(value)} goes on from {1.0 - done / self.num_iterations:.2f} x "
+                    f"its value down to 0 at step {self.num_iterations * self.steps}",
                     flush=True,
                 )
         if not self.is_main:

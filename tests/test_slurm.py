@@ -79,8 +79,7 @@ def release(env: dict, job: str) -> None:
     time.sleep(SETTLE)
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     out = subprocess.run(update, capture_output=True, text=True, timeout=60, env=env)
-    # a sweep test's Releaser, running beside this one, may have released it first
-    assert out.returncode == 0 or "no longer pending" in out.stderr, out.stderr
+    assert out.returncode == 0, out.stderr
 
 
 def summary_of(folder: Path) -> dict:
@@ -88,6 +87,14 @@ def summary_of(folder: Path) -> dict:
         return json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def stopped_as(folder: Path, status: str) -> dict:
+    """The summary of the run in `folder` once its status is `status` (read before its job is
+    released: the next slice writes its own)."""
+    return wait_until(
+        f"{folder.name} {status}", lambda: (summary := summary_of(folder)).get("status") == status and summary
+    )
 
 
 def saved_after(folder: Path, iteration: int | None) -> int:
@@ -148,14 +155,12 @@ def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard
     folder = tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__1__{job}"
     saved_after(folder, None)
     slurm_command(slurm, "scancel", "--signal=USR2", job)  # a preemption notice
+    notice = stopped_as(folder, "stopped by SIGUSR2")
     release(slurm, job)
-    notice = summary_of(folder)
-    assert notice["status"] == "stopped by SIGUSR2", notice
     saved_after(folder, notice["checkpoint_iteration"])
     slurm_command(slurm, "scontrol", "requeue", job)
+    requeue = stopped_as(folder, "stopped by SIGTERM")
     release(slurm, job)
-    requeue = summary_of(folder)
-    assert requeue["status"] == "stopped by SIGTERM", requeue
     killed_at = saved_after(folder, requeue["checkpoint_iteration"])
     kill_hard(tmp_path / "job", f"--run-id {job} ")  # the job ends, failed
     wait_until(f"job {job} ended", lambda: job_state(slurm, job) == "FAILED")
@@ -298,7 +303,8 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         slurm_command(env, "scontrol", "requeue", job)
     wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING", timeout=limit)
     stopped = summary_of(folder)
-    releaser = Releaser(env)  # the time limit stops each slice that lasts a minute or more: each is released
+    # the time limit stops each slice that lasts a minute or more: each is released
+    releaser = Releaser(env, {"ppo_atari"})
     releaser.start()
     try:
         wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=limit)
@@ -317,19 +323,22 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
 
 
 class Releaser(threading.Thread):
-    """Beside a sweep: releases each of its jobs that Slurm holds back after a requeue."""
+    """Beside a test: releases each job named one of `names` that Slurm holds back after a requeue (the
+    other Slurm test group, running at once, releases its own: it must see them pending first)."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, names: set[str]):
         super().__init__(daemon=True)
-        self.env, self.done = env, threading.Event()
+        self.env, self.names, self.done = env, names, threading.Event()
 
     def run(self) -> None:
         held: dict[str, float] = {}  # job: when it was first seen held back
         while not self.done.wait(1.0):
-            command = ["squeue", "-h", "-t", "PD", "-o", "%i %r"]
+            command = ["squeue", "-h", "-t", "PD", "-o", "%i %j %r"]
             pending = subprocess.run(command, capture_output=True, text=True, timeout=30, env=self.env)
-            for job, reason in (line.split() for line in pending.stdout.splitlines()):
-                if reason == "BeginTime" and time.monotonic() - held.setdefault(job, time.monotonic()) > SETTLE:
+            for job, name, reason in (line.split() for line in pending.stdout.splitlines()):
+                if name not in self.names or reason != "BeginTime":
+                    continue
+                if time.monotonic() - held.setdefault(job, time.monotonic()) > SETTLE:
                     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
                     subprocess.run(update, timeout=30, env=self.env)
                     del held[job]
@@ -344,7 +353,7 @@ def sweep(env: dict, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
         "--env-ids",
         "tests.envs:PacedCartPole-v1",
     ]
-    releaser = Releaser(env)
+    releaser = Releaser(env, {"submitit"})
     releaser.start()
     try:
         return run_command([*command, *argv], cwd, timeout=900, extra_env=env)
@@ -423,7 +432,7 @@ def test_ctrl_c_on_a_slurm_sweep_cancels_its_jobs_at_once_and_names_the_command_
     command = [sys.executable, "-m", "common.sweep", "ppo_vec.py", "--env-ids", "tests.envs:PacedCartPole-v1"]
     command += ["--seeds", "1", "2", "--executor", "slurm", "--jobs", "2", "--cpus-per-task", "1", "--", *flags]
     (tmp_path / "ppo_vec.py").symlink_to(REPO / "ppo_vec.py")
-    releaser = Releaser(slurm)
+    releaser = Releaser(slurm, {"submitit"})
     releaser.start()
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     sweeping = subprocess.Popen(command, cwd=tmp_path, env=slurm, **pipes)

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..vecenv.errors import check_layout
 from ..vecenv.layout import ProbeFailed, probe
+from . import records
 from .errors import FlagError
 
 # Flags a resume may change and a sweep reuse a run made with others: where it computes, saves, logs
@@ -55,6 +57,73 @@ def schedules(args: Any) -> dict[str, str]:
 def scheduled(record: dict[str, Any]) -> bool:
     """Whether a run's args.json has a schedule on (records of older versions: --anneal-lr)."""
     return any(record.get(name) for name in record.get("scheduled", ["anneal_lr"]))
+
+
+def to_run_with(args: Any, named: frozenset[str], script: str) -> tuple[Any, dict | None, str, list[str]]:
+    """The flags a run goes with, and the checkpoint they come from.
+
+    --resume (or --run-id, of a run that saved) goes on with the run's own flags, but for those the command
+    line may change (TOLERATED ones, and --total-timesteps); --eval-checkpoint evaluates with them and the
+    command line's TOLERATED ones.
+
+    Args:
+        args: the flags as parsed.
+        named: the fields the command line named.
+        script: the script's file name, for messages.
+
+    Returns:
+        The flags to run with.
+        The checkpoint (None for a new run).
+        Where it came from ("--resume <file>"; messages start with it).
+        Notes for the start line.
+
+    Raises:
+        FlagError: the checkpoint is missing or damaged, or the command line asks what it cannot change.
+    """
+    if args.resume is not None and args.eval_checkpoint is not None:
+        raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
+    path = args.resume if args.resume is not None else args.eval_checkpoint
+    where = f"{'--resume' if args.resume is not None else '--eval-checkpoint'} {path}"
+    run_id = getattr(args, "run_id", None)
+    found = Path("runs", f"{records.run_name(args)}__{run_id}", "checkpoint.pt")
+    if path is None and run_id is not None and found.exists():  # a requeued job finds its own run
+        path = str(found)
+        where = f"--run-id {run_id} ({found})"
+    if path is None:
+        return args, None, "", []
+    checkpoint = records.load_checkpoint(path, where.split()[0], script)
+    names = [f.name for f in dataclasses.fields(args)]
+    # flags an older version had and this one has not are left out
+    saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in names})
+    from_command_line = {name: getattr(args, name) for name in names if name in named}
+    module = saved.env_id.rpartition(":")[0]
+    if module and "env_id" not in from_command_line:  # a checkpoint never chooses what is imported
+        env = saved.env_id
+        raise FlagError(f"{where} is of --env-id {env}, which imports {module}: give --env-id {env} to import it")
+    if args.eval_checkpoint is not None:
+        if args.env_id != saved.env_id and "env_id" in from_command_line:
+            raise FlagError(
+                f"{where} holds a policy for {saved.env_id}, not --env-id {args.env_id}: drop --env-id (it is "
+                f"evaluated on {saved.env_id})"
+            )
+        if args.eval_episodes < 1:
+            raise FlagError(f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}")
+        tolerated = {name: getattr(args, name) for name in TOLERATED & {*names}}
+        return dataclasses.replace(saved, **tolerated), checkpoint, where, []
+    if refused := differing(from_command_line, dataclasses.asdict(saved)):
+        listed = ", ".join(f"{flag(name)} {was} (not {asked})" for name, (asked, was) in refused.items())
+        other = "give another --run-id" if where.startswith("--run-id") else "start a new run"
+        raise FlagError(
+            f"{where} continues a run trained with {listed}: a run's results come from one set of flags; drop "
+            f"those flags, or {other}"
+        )
+    notes: list[str] = []
+    resumed = dataclasses.replace(saved, **from_command_line | {"resume": path})
+    trained_with = getattr(saved, "num_threads", None)
+    if trained_with not in (None, getattr(resumed, "num_threads", None)):  # torch may then sum in another order
+        threads = f"--num-threads {resumed.num_threads}, not the {trained_with} it trained with"
+        notes.append(f"{threads}: its weights may differ from an unstopped run's")
+    return resumed, checkpoint, where, notes
 
 
 def spellings(args_type: type) -> dict[str, str]:

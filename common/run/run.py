@@ -52,9 +52,10 @@ class Run:
     def __init__(self, args: Any, command_line: CommandLine | None = None):
         self.command_line = command_line or CommandLine.of(args)
         self.script, self.stop = self.command_line.script, self.command_line.stop
-        self.notes: list[str] = []  # what the start line adds
-        self.where = ""  # the flag that named the checkpoint, and the file: messages start with it
-        self.args, self.checkpoint = self._flags(args)
+        # the flags to run with, the checkpoint they come from, the flag that named it ("--resume <file>":
+        # messages start with it) and what the start line adds
+        named = self.command_line.named
+        self.args, self.checkpoint, self.where, self.notes = flags.to_run_with(args, named, self.script)
         flags.check(self.args, flags.batch_rules(self.args, self.ENVS_FLAG, self.world_size))
         flags.check_env_id(self.args.env_id)  # imports the module of a module:EnvId id
         trained = (self.checkpoint or {}).get("iteration", 0) if self.args.resume is not None else 0
@@ -68,54 +69,6 @@ class Run:
         self.last_saved: dict | None = None  # what this run last wrote to checkpoint.pt
         self.saved_iteration: int | None = None  # the iteration checkpoint.pt holds
         self.kept_at, self.keeping = None, 0.0  # when the last boundary was kept, and what that took
-
-    def _flags(self, args: Any) -> tuple[Any, dict | None]:
-        """The flags to run with, and the checkpoint they come from: --resume (or --run-id, of a run that
-        saved) goes on with the run's own, but for those the command line may change (TOLERATED ones, and
-        --total-timesteps); --eval-checkpoint evaluates with them, the command line's TOLERATED ones."""
-        if args.resume is not None and args.eval_checkpoint is not None:
-            raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
-        path = args.resume if args.resume is not None else args.eval_checkpoint
-        where = self.where = f"{'--resume' if args.resume is not None else '--eval-checkpoint'} {path}"
-        run_id = getattr(args, "run_id", None)
-        found = Path("runs", f"{records.run_name(args)}__{run_id}", "checkpoint.pt")
-        if path is None and run_id is not None and found.exists():  # a requeued job finds its own run
-            path = str(found)
-            where = self.where = f"--run-id {run_id} ({found})"
-        if path is None:
-            return args, None
-        checkpoint = records.load_checkpoint(path, where.split()[0], self.script)
-        names = [f.name for f in dataclasses.fields(args)]
-        # flags an older version had and this one has not are left out
-        saved = type(args)(**{k: v for k, v in checkpoint["args"].items() if k in names})
-        from_command_line = {name: getattr(args, name) for name in names if name in self.command_line.named}
-        module = saved.env_id.rpartition(":")[0]
-        if module and "env_id" not in from_command_line:  # a checkpoint never chooses what is imported
-            env = saved.env_id
-            raise FlagError(f"{where} is of --env-id {env}, which imports {module}: give --env-id {env} to import it")
-        if args.eval_checkpoint is not None:
-            if args.env_id != saved.env_id and "env_id" in from_command_line:
-                raise FlagError(
-                    f"{where} holds a policy for {saved.env_id}, not --env-id {args.env_id}: drop --env-id (it is "
-                    f"evaluated on {saved.env_id})"
-                )
-            if args.eval_episodes < 1:
-                raise FlagError(f"--eval-episodes must be >= 1 with --eval-checkpoint, got {args.eval_episodes}")
-            tolerated = {name: getattr(args, name) for name in flags.TOLERATED & {*names}}
-            return dataclasses.replace(saved, **tolerated), checkpoint
-        if refused := flags.differing(from_command_line, dataclasses.asdict(saved)):
-            listed = ", ".join(f"{flags.flag(name)} {was} (not {asked})" for name, (asked, was) in refused.items())
-            other = "give another --run-id" if where.startswith("--run-id") else "start a new run"
-            raise FlagError(
-                f"{where} continues a run trained with {listed}: a run's results come from one set of flags; drop "
-                f"those flags, or {other}"
-            )
-        resumed = dataclasses.replace(saved, **from_command_line | {"resume": path})
-        trained_with = getattr(saved, "num_threads", None)
-        if trained_with not in (None, getattr(resumed, "num_threads", None)):  # torch may then sum in another order
-            threads = f"--num-threads {resumed.num_threads}, not the {trained_with} it trained with"
-            self.notes.append(f"{threads}: its weights may differ from an unstopped run's")
-        return resumed, checkpoint
 
     def probe(self, make_env: Callable) -> tuple[Any, Any]:
         """Builds make_env(args, 0, None)() once in a probe process (no env code runs here), resets

@@ -75,7 +75,9 @@ SETTLE = 3.0
 
 def release(env: dict, job: str) -> None:
     """Once the job is requeued (pending), lets it start now rather than in Slurm's two minutes."""
-    wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING")
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    state = wait_until(f"job {job} requeued", lambda: (state := job_state(env, job)) in ("PENDING", *ended) and state)
+    assert state == "PENDING", f"job {job} ended {state} instead of requeueing"
     time.sleep(SETTLE)
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     out = subprocess.run(update, capture_output=True, text=True, timeout=60, env=env)
@@ -123,15 +125,26 @@ def resumes_in(log: str) -> list[int]:
     ]
 
 
-def kill_hard(cwd: Path, marker: str) -> None:
-    """SIGKILL to every process that runs in `cwd` with `marker` in its command line (a run's trainer:
-    its workers end with it), at once and with no warning, as the OOM killer or a lost node would."""
+def processes_in(cwd: Path, marker: str) -> list[int]:
+    """The processes that run in `cwd` with `marker` in their command line."""
+    found = []
     for entry in Path("/proc").iterdir():
         try:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             if entry.name.isdigit() and marker.encode() in command and Path(entry / "cwd").resolve() == cwd:
-                os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_hard(cwd: Path, marker: str) -> None:
+    """SIGKILL to every process that runs in `cwd` with `marker` in its command line (a run's trainer:
+    its workers end with it), at once and with no warning, as the OOM killer or a lost node would."""
+    for pid in processes_in(cwd, marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             continue
 
 
@@ -204,9 +217,18 @@ def test_a_slice_that_fails_ends_its_job(slurm, tmp_path):
     assert last[0].startswith("ppo_vec.py: error: ") and "not a checkpoint" in last[0] and "Traceback" not in text
 
 
-def step_started(env: dict, job: str) -> bool:
-    """True once the job's first step (srun: launch.py, then the script) is under way."""
-    return f"{job}.0" in slurm_command(env, "squeue", "-h", "-s", "-j", job, "-o", "%i").split()
+def catches_usr1(cwd: Path, marker: str) -> bool:
+    """True once a process in `cwd` with `marker` in its command line has a handler for SIGUSR1
+    (/proc/<pid>/status: SigCgt)."""
+    for pid in processes_in(cwd, marker):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        caught = int(status.split("SigCgt:")[1].split()[0], 16)
+        if caught >> (signal.SIGUSR1 - 1) & 1:
+            return True
+    return False
 
 
 def sacct_state(env: dict, job: str) -> str:
@@ -222,7 +244,10 @@ def test_a_notice_in_a_slices_first_second_requeues_and_a_new_job_continues_a_ca
     flags = [*PACED, "--total-timesteps", str(60 * 128), "--checkpoint-interval", "5", *MODEL]
     reference = reference_run(slurm, tmp_path / "full", *flags)
     job = sbatch(slurm, tmp_path / "job", "ppo_vec.sbatch", *flags)
-    wait_until(f"job {job}'s step started", lambda: step_started(slurm, job), every=0.05)
+    # Slurm drops a signal sent before the step's tasks have started (the job runs on as if none came);
+    # one that kills launch.py before its handlers are set makes srun exit 138, which requeues the job
+    # too. The notice comes once launch.py catches it, seconds before the script does.
+    wait_until(f"job {job}'s launch.py", lambda: catches_usr1(tmp_path / "job", "slurm/launch.py"), every=0.02)
     slurm_command(slurm, "scancel", "--signal=USR1", job)  # in the slice's first second
     folder = tmp_path / "job" / "runs" / f"tests.envs-PacedCartPole-v1__ppo_vec__1__{job}"
     assert not (folder / "summary.json").exists()  # the script had not begun its run
@@ -304,7 +329,7 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
     wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING", timeout=limit)
     stopped = summary_of(folder)
     # the time limit stops each slice that lasts a minute or more: each is released
-    releaser = Releaser(env, {"ppo_atari"})
+    releaser = Releaser(env, tmp_path / "job")
     releaser.start()
     try:
         wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=limit)
@@ -323,20 +348,21 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
 
 
 class Releaser(threading.Thread):
-    """Beside a test: releases each job named one of `names` that Slurm holds back after a requeue (the
-    other Slurm test group, running at once, releases its own: it must see them pending first)."""
+    """Beside a test: releases each job submitted from `cwd` that Slurm holds back after a requeue (the
+    other Slurm test group, running at once, releases its own: it must see them pending first; a sweep's
+    jobs and ppo_vec.sbatch's share the name ppo_vec, so the job's working directory tells them apart)."""
 
-    def __init__(self, env: dict, names: set[str]):
+    def __init__(self, env: dict, cwd: Path):
         super().__init__(daemon=True)
-        self.env, self.names, self.done = env, names, threading.Event()
+        self.env, self.cwd, self.done = env, str(cwd), threading.Event()
 
     def run(self) -> None:
         held: dict[str, float] = {}  # job: when it was first seen held back
         while not self.done.wait(1.0):
-            command = ["squeue", "-h", "-t", "PD", "-o", "%i %j %r"]
+            command = ["squeue", "-h", "-t", "PD", "-o", "%i %r %Z"]
             pending = subprocess.run(command, capture_output=True, text=True, timeout=30, env=self.env)
-            for job, name, reason in (line.split() for line in pending.stdout.splitlines()):
-                if name not in self.names or reason != "BeginTime":
+            for job, reason, cwd in (line.split(maxsplit=2) for line in pending.stdout.splitlines()):
+                if cwd != self.cwd or reason != "BeginTime":
                     continue
                 if time.monotonic() - held.setdefault(job, time.monotonic()) > SETTLE:
                     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
@@ -353,7 +379,7 @@ def sweep(env: dict, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
         "--env-ids",
         "tests.envs:PacedCartPole-v1",
     ]
-    releaser = Releaser(env, {"submitit"})
+    releaser = Releaser(env, cwd)
     releaser.start()
     try:
         return run_command([*command, *argv], cwd, timeout=900, extra_env=env)
@@ -432,7 +458,7 @@ def test_ctrl_c_on_a_slurm_sweep_cancels_its_jobs_at_once_and_names_the_command_
     command = [sys.executable, "-m", "common.sweep", "ppo_vec.py", "--env-ids", "tests.envs:PacedCartPole-v1"]
     command += ["--seeds", "1", "2", "--executor", "slurm", "--jobs", "2", "--cpus-per-task", "1", "--", *flags]
     (tmp_path / "ppo_vec.py").symlink_to(REPO / "ppo_vec.py")
-    releaser = Releaser(slurm, {"submitit"})
+    releaser = Releaser(slurm, tmp_path)
     releaser.start()
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     sweeping = subprocess.Popen(command, cwd=tmp_path, env=slurm, **pipes)

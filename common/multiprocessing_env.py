@@ -9,6 +9,7 @@ results. Its parts are in vecenv/ (vecenv/worker.py: the protocol, and the life 
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -56,6 +57,9 @@ class SubprocVecEnv(VectorEnv):
         interrupt: its `fileno()` turns readable when every wait should end, and its `check()` then
             raises, the call still pending (the scripts pass their stop request).
         probe: what vecenv.layout.probe found of env_fns[-1], if the caller probed it already.
+        groups: the workers in this many groups (`groups`, slices of the envs) that step_async and
+            step_wait step one at a time, so that one group steps while the caller computes the next
+            group's actions; fewer with fewer workers, one if observations travel pickled.
 
     Raises:
         ValueError: an argument that cannot work. WorkerError, WorkerTimeout: an env failed to build.
@@ -75,6 +79,7 @@ class SubprocVecEnv(VectorEnv):
         worker_spin: float | None = None,
         interrupt: Any = None,
         probe: dict[str, Any] | None = None,
+        groups: int = 1,
     ):
         super().__init__()
         env_fns = list(env_fns)
@@ -84,6 +89,7 @@ class SubprocVecEnv(VectorEnv):
         self.max_restarts, self.restarts, self.close_timeout = max_restarts, 0, close_timeout
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
+        self._stepping: set[int] = set()  # the workers whose step is under way
         self._failed: WorkerError | None = None  # an earlier failure leaves this vec env unusable
         self._closing_on_exception = False
         self._pool: InProcessPool | WorkerPool | None = None
@@ -100,8 +106,6 @@ class SubprocVecEnv(VectorEnv):
         spin = (DEFAULT_SPIN if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
         self.worker_spin = spin if workers else 0.0
         self.step_seconds = basis.get("step")  # the probe's CPU seconds a step; None: not timed
-        self.placement, reasons = layout.describe(n, self.num_workers, basis)
-        self.layout = f"{self.placement} ({reasons})" if reasons else self.placement
 
         try:
             context = context or process_control.default_context()
@@ -113,6 +117,11 @@ class SubprocVecEnv(VectorEnv):
         except BaseException:
             self.close(timeout=1.0)
             raise
+        count = max(1, min(groups, self.num_workers)) if self._obs_in_shm else 1
+        bounds = [slices[len(slices) * k // count].start for k in range(count)] + [n]
+        self.groups = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+        self.placement, reasons = layout.describe(n, self.num_workers, basis, len(self.groups))
+        self.layout = f"{self.placement} ({reasons})" if reasons else self.placement
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         """Resets every env, or those in `options["reset_mask"]`.
@@ -173,53 +182,69 @@ class SubprocVecEnv(VectorEnv):
         self.step_async(actions)
         return self.step_wait()
 
-    def step_async(self, actions) -> None:
+    def step_async(self, actions, group: slice | None = None) -> None:
         """Sends `actions`, an element of `action_space`, to the envs; `step_wait` takes the results.
 
+        Args:
+            actions: one action per env (per env of `group`).
+            group: step only these envs, one of `groups(k)`, while another group may be stepping.
+
         Raises:
-            ValueError: not one action per env (TypeError: a scalar). AlreadyPendingCallError.
+            ValueError: not one action per env, or a group that is not one of `groups(k)`.
+            TypeError: a scalar action.
+            AlreadyPendingCallError: those envs are stepping already.
         """
-        self._check_usable("step_async")
-        act = self._views["actions"]
+        group, workers = self._group(group)
+        self._check_usable("step_async", workers)
+        act = self._views["actions"][group]
         if self._actions_in_shm:
             actions = np.asarray(actions)
             if actions.ndim == 0:
-                raise TypeError(f"step() needs one action per env ({self.num_envs}), got the scalar {actions}")
+                raise TypeError(f"step() needs one action per env ({len(act)}), got the scalar {actions}")
         else:
             actions = list(iterate(self.action_space, actions))
-        if len(actions) != self.num_envs:
-            raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} envs")
+        if len(actions) != group.stop - group.start:
+            raise ValueError(f"step() got {len(actions)} actions for {group.stop - group.start} envs")
         # Same dtype and shape: written into shared memory. Anything else goes pickled, as given.
         in_shm = self._actions_in_shm and actions.dtype == act.dtype and actions.shape == act.shape
         if in_shm:
             act[...] = actions
         self._state = AsyncState.WAITING_STEP
-        for w, sl in enumerate(self._pool.slices):
-            self._pool.send(w, Command.STEP, None if in_shm else list(actions[sl]))
+        self._stepping.update(workers)
+        for w in workers:
+            sl = self._pool.slices[w]
+            self._pool.send(
+                w, Command.STEP, None if in_shm else actions[sl.start - group.start : sl.stop - group.start]
+            )
 
-    def step_wait(self, timeout: float | None = None):
+    def step_wait(self, timeout: float | None = None, group: slice | None = None):
         """Waits for the step `step_async` sent. The envs of a worker replaced within `max_restarts`
         report truncated, reward 0, final_obs the last observation, infos["worker_restart"] True.
 
         Args:
             timeout: seconds to wait (default: the bound on every wait).
+            group: the group of envs `step_async` stepped (their results only).
 
         Returns:
-            As `step`.
+            As `step` (of the group's envs).
 
         Raises:
             WorkerError: an env raised, or a worker died, past the restart budget.
             WorkerTimeout: some envs did not answer within `timeout` (the step stays pending).
         """
-        self._check_waiting(AsyncState.WAITING_STEP)
-        failures = self._pool.collect(self._bound if timeout is None else timeout)
+        group, workers = self._group(group)
+        self._check_waiting(AsyncState.WAITING_STEP, workers)
+        failures = self._pool.collect(self._bound if timeout is None else timeout, workers=workers)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
             self._raise(failures)
         restarted = self._restart(failures) if failures else {}
-        self._state = AsyncState.DEFAULT
-        last_obs = list(iterate(self.observation_space, self._last_obs)) if restarted else None
+        self._stepping.difference_update(workers)
+        self._state = AsyncState.WAITING_STEP if self._stepping else AsyncState.DEFAULT
+        # (copied: a group's step writes its rows of _last_obs in place)
+        last_obs = list(iterate(self.observation_space, copy.deepcopy(self._last_obs))) if restarted else None
         infos: dict[str, Any] = {}
-        for w, sl in enumerate(self._pool.slices):
+        for w in workers:
+            sl = self._pool.slices[w]
             if w in restarted:
                 infos = self._report_restart(w, restarted[w], last_obs, infos)
                 continue
@@ -232,9 +257,22 @@ class SubprocVecEnv(VectorEnv):
                     infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k)
                 infos = self._add_info(infos, info, sl.start + k)
             self._store_obs(w, obs_list)
-        self._last_obs = self._observations()
-        rewards, terminations, truncations = (self._views[k].copy() for k in ("rewards", "terminations", "truncations"))
-        return self._last_obs, rewards, terminations, truncations, infos
+        obs = self._observations(group)
+        if group.stop - group.start == self.num_envs:
+            self._last_obs = obs
+        else:  # the group's rows, of arrays of every env (groups split only observations in shared memory)
+            self._last_obs[group], infos = obs, _rows(infos, group)
+        rewards, terminations, truncations = (
+            self._views[k][group].copy() for k in ("rewards", "terminations", "truncations")
+        )
+        return obs, rewards, terminations, truncations, infos
+
+    def _group(self, group: slice | None) -> tuple[slice, list[int]]:
+        """The envs of `group` (None: all) and the workers that step them."""
+        if group is not None and group not in self.groups:
+            raise ValueError(f"group must be one of envs.groups, {self.groups}, got {group}")
+        group = slice(0, self.num_envs) if group is None else group
+        return group, [w for w, sl in enumerate(self._pool.slices) if group.start <= sl.start < group.stop]
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method `name(*args, **kwargs)` of every env (or the wrapper that has it), or reads
@@ -329,7 +367,7 @@ class SubprocVecEnv(VectorEnv):
             pending = f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
             warnings.warn(pending, UserWarning, stacklevel=3)
         self._pool.drain(timeout)
-        self._state = AsyncState.DEFAULT
+        self._state, self._stepping = AsyncState.DEFAULT, set()
         self._pool.close(timeout)
 
     def __enter__(self):
@@ -372,22 +410,24 @@ class SubprocVecEnv(VectorEnv):
                     f"{self.single_observation_space} and {self.single_action_space}; all envs must match"
                 )
 
-    def _check_usable(self, name: str) -> None:
+    def _check_usable(self, name: str, workers: list[int] | None = None) -> None:
+        """Raises unless `name` may be called now (on `workers`, a group: while another group steps)."""
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{name}() was called after close(); build a new one")
         if self._failed is not None:
             failed = self._failed
             message = f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
             raise WorkerError(message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode)
-        if self._state is not AsyncState.DEFAULT:
+        another_group = workers and self._state is AsyncState.WAITING_STEP and self._stepping.isdisjoint(workers)
+        if self._state is not AsyncState.DEFAULT and not another_group:
             waiting = self._state.value
             message = f"Calling `{name}` while waiting for a pending call to `{waiting}` to complete"
             raise AlreadyPendingCallError(f"{message}; call {waiting}_wait() first", waiting)
 
-    def _check_waiting(self, state: AsyncState) -> None:
+    def _check_waiting(self, state: AsyncState, workers: list[int] = ()) -> None:
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew")
-        if self._state is not state:
+        if self._state is not state or not self._stepping.issuperset(workers):
             message = f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`."
             raise NoAsyncCallError(message, state.value)
 
@@ -436,8 +476,13 @@ class SubprocVecEnv(VectorEnv):
             if obs is not None:
                 self._env_obs[self._pool.slices[w].start + k] = obs
 
-    def _observations(self):
+    def _observations(self, group: slice = slice(None)):
         if self._obs_in_shm:
-            return self._views["obs"].copy()
+            return self._views["obs"][group].copy()
         out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
         return concatenate(self.single_observation_space, self._env_obs, out)
+
+
+def _rows(infos: dict[str, Any], group: slice) -> dict[str, Any]:
+    """The rows of a group's envs in infos (arrays of every env's)."""
+    return {key: _rows(value, group) if isinstance(value, dict) else value[group] for key, value in infos.items()}

@@ -731,3 +731,134 @@ def test_workers_and_helpers_end_soon_after_the_trainer_is_killed(context, bound
     proc.wait()
     assert all_gone(family | set(pids)), "processes outlived the trainer"
     assert not os.path.exists(tmpdir) or context != "forkserver", f"{tmpdir} was left behind"
+
+
+# -------------------------------------------------------------------------------------------------
+# groups: one group of workers steps while the caller computes the next group's actions (--overlap)
+
+
+def rows(infos: dict, group: slice) -> dict:
+    """The infos of a group's envs out of infos of every env: arrays their rows, keys none of them has left out."""
+    kept = {}
+    for key, value in infos.items():
+        if infos[key if key.startswith("_") else f"_{key}"][group].any():
+            kept[key] = rows(value, group) if isinstance(value, dict) else value[group]
+    return kept
+
+
+@pytest.mark.parametrize("context", ["forkserver", "fork"])
+@pytest.mark.parametrize("order", ["each-in-turn", "all-sent-first"])
+def test_groups_stepped_one_at_a_time_give_syncs_results(context, order):
+    """Round after round as a script's rollout does (a group's results, then its next step), or every
+    group sent before any is awaited: each group's results are the oracle's rows of its envs, infos
+    (final_obs, final_info) indexed within the group."""
+
+    env_fns = [functools.partial(make_counter, terminate_at=3 + i, max_episode_steps=6) for i in range(7)]
+    expected, actual = oracle(env_fns), SubprocVecEnv(env_fns, num_workers=3, groups=2, context=context)
+    try:
+        assert (
+            actual.groups == [slice(0, 3), slice(3, 7)] and "3 worker processes, stepped in 2 groups" in actual.layout
+        )
+        assert_same(actual.reset(seed=4), expected.reset(seed=4), "reset")
+        rng, ends = np.random.default_rng(4), 0
+        for t in range(200):
+            actions = rng.integers(0, 3, 7)
+            want = expected.step(actions)
+            ends += int(np.sum(want[2] | want[3]))
+            if order == "all-sent-first":
+                for group in actual.groups:
+                    actual.step_async(actions[group], group)
+            for group in reversed(actual.groups) if order == "all-sent-first" else actual.groups:
+                if order == "each-in-turn":
+                    actual.step_async(actions[group], group)
+                got = actual.step_wait(group=group)
+                assert_same(got[:4], tuple(array[group] for array in want[:4]), f"step {t}, {group}")
+                assert_same(got[4], rows(want[4], group), f"step {t}, {group}: infos")
+        assert ends > 100
+        assert_same(actual.step(np.ones(7, np.int64)), expected.step(np.ones(7, np.int64)), "all at once again")
+    finally:
+        actual.close()
+        expected.close()
+
+
+def test_groups_need_workers_that_write_the_observations_in_place():
+    """Fewer groups than asked where there are fewer workers; one in this process, with one worker,
+    or with observations that travel pickled; as many as workers at most."""
+    cartpoles = [lambda: gym.make("CartPole-v1")] * 4
+    cases = [
+        ({"num_workers": 0}, [slice(0, 4)]),
+        ({"num_workers": 1}, [slice(0, 4)]),
+        ({"num_workers": 2, "shared_memory": False}, [slice(0, 4)]),
+        ({"num_workers": 4, "groups": 3}, [slice(0, 1), slice(1, 2), slice(2, 4)]),
+        ({"num_workers": 2, "groups": 5}, [slice(0, 2), slice(2, 4)]),
+    ]
+    for kwargs, expected in cases:
+        with SubprocVecEnv(cartpoles, **{"groups": 2, **kwargs}) as envs:
+            assert envs.groups == expected, kwargs
+            assert ("stepped in" in envs.layout) == (len(expected) > 1), envs.layout
+
+
+def test_a_group_out_of_turn_is_an_error_that_says_so():
+    with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=2, groups=2) as envs:
+        envs.reset(seed=0)
+        first, second = envs.groups
+        with pytest.raises(ValueError, match=r"group must be one of envs.groups, \[slice\(0, 2, None\)"):
+            envs.step_async(np.zeros(1, np.int64), slice(0, 1))
+        with pytest.raises(ValueError, match="step\\(\\) got 4 actions for 2 envs"):
+            envs.step_async(np.zeros(4, np.int64), first)
+        envs.step_async(np.zeros(2, np.int64), first)
+        with pytest.raises(AlreadyPendingCallError):
+            envs.step_async(np.zeros(2, np.int64), first)
+        for call in (lambda: envs.step_async(np.zeros(4, np.int64)), lambda: envs.reset(), lambda: envs.call("reset")):
+            with pytest.raises(AlreadyPendingCallError):
+                call()
+        with pytest.raises(NoAsyncCallError):
+            envs.step_wait(group=second)
+        envs.step_async(np.zeros(2, np.int64), second)
+        envs.step_wait(group=second)
+        envs.step_wait(group=first)
+        envs.step(np.zeros(4, np.int64))  # no group under way: all at once again
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "raise"])
+def test_a_worker_that_fails_while_another_group_is_awaited_is_named_at_its_own_wait(fault, no_orphans, caplog):
+    """Env 3 (the second group's) fails at its third step while the first group's step is awaited:
+    the first group's results come as ever; the failure is the second group's, at its wait: its
+    worker replaced within max_restarts, then a WorkerError once the budget is spent."""
+    envs = faulty(4, 3, fault, 3, num_workers=2, groups=2, max_restarts=1)
+    first, second = envs.groups
+    for _ in range(2):
+        for group in envs.groups:
+            envs.step_async(np.zeros(2, np.int64), group)
+        last_obs = np.concatenate([envs.step_wait(group=group)[0] for group in envs.groups])
+    for group in envs.groups:
+        envs.step_async(np.zeros(2, np.int64), group)
+    obs, *_, truncations, _ = envs.step_wait(group=first)  # the second group's worker fails meanwhile
+    assert obs[:, 0].tolist() == [3, 3] and not truncations.any() and envs.restarts == 0
+    obs, _, _, truncations, infos = envs.step_wait(group=second)
+    assert envs.restarts == 1 and truncations.tolist() == [True, True] and obs[:, 0].tolist() == [0, 0]
+    np.testing.assert_array_equal(infos["final_obs"][1], last_obs[3])  # indexed within the group
+    assert "restarting worker 1 (envs [2, 3])" in caplog.text
+    for _ in range(2):
+        envs.step_async(np.zeros(2, np.int64), second)
+        envs.step_wait(group=second)
+    envs.step_async(np.zeros(2, np.int64), first)
+    envs.step_async(np.zeros(2, np.int64), second)
+    envs.step_wait(group=first)
+    with pytest.raises(WorkerError, match="env 3|worker 1"):
+        envs.step_wait(group=second)
+    envs.close()
+
+
+def test_a_group_that_hangs_times_out_alone_and_its_wait_can_be_retried(no_orphans):
+    envs = faulty(4, 2, "slow", 1, num_workers=2, groups=2, step_timeout=0.3)
+    first, second = envs.groups
+    envs.step_async(np.zeros(2, np.int64), first)
+    envs.step_async(np.zeros(2, np.int64), second)
+    with pytest.raises(WorkerTimeout, match=r"envs \[2, 3\] did not answer 'step' within 0.3 s"):
+        envs.step_wait(group=second)
+    obs, *_ = envs.step_wait(group=first)
+    assert obs[:, 0].tolist() == [1, 1]
+    obs, *_ = envs.step_wait(timeout=5.0, group=second)  # the slow step's answer, taken on a retry
+    assert obs[:, 0].tolist() == [1, 1]
+    envs.close()

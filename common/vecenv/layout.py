@@ -273,8 +273,9 @@ def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict
     return w, dict(basis, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
 
 
-def describe(n: int, num_workers: int, basis: dict[str, Any]) -> tuple[str, str]:
-    """Where the envs step ("8 envs in this process"), and why ("gymnasium's CartPoleEnv; ...")."""
+def describe(n: int, num_workers: int, basis: dict[str, Any], groups: int = 1) -> tuple[str, str]:
+    """Where the envs step ("8 envs in this process", "... in 2 groups"), and why ("gymnasium's
+    CartPoleEnv; ...")."""
     notes, step, env = [], basis.get("step"), (basis.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
     if basis.get("origin"):
         notes.append(f"gymnasium's {env}" if basis["trusted"] else f"{env}, not one of gymnasium's own envs")
@@ -286,4 +287,5 @@ def describe(n: int, num_workers: int, basis: dict[str, Any]) -> tuple[str, str]
         notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
     notes += [basis["why"]] if basis.get("why") else []
     where = "this process" if num_workers == 0 else plural(num_workers, "worker process")
+    where += f", stepped in {groups} groups" if groups > 1 else ""
     return f"{plural(n, 'env')} in {where}", "; ".join(notes)

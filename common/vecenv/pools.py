@@ -56,7 +56,7 @@ class InProcessPool:
     def send(self, w: int, command: Command, arg: Any = None) -> None:
         self.pending[w] = (command, arg)
 
-    def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
+    def collect(self, timeout: float, interruptible: bool = True, workers=None) -> dict[int, Exception]:
         """Runs the command sent; an env raising fails worker 0. The interrupt raises first."""
         if self.interrupt is not None and interruptible:
             self.interrupt.check()
@@ -99,6 +99,7 @@ class WorkerPool:
         self.exit_fds: list[int] = []  # readable once worker w has exited (_exit_fd)
         self.pending: dict[int, str] = {}  # worker -> what its next reply answers: make, step...
         self.replies: dict[int, Any] = {}
+        self.failed: dict[int, Exception] = {}  # failures seen while waiting for other workers
         self.block_fd: int | None = None
         self.attach_message = b""
         self.finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.timed_out, close_timeout)
@@ -175,33 +176,40 @@ class WorkerPool:
             return events
         return self.poller.poll(max(0.0, min(deadline - time.monotonic(), 3600.0)) * 1000)
 
-    def collect(self, timeout: float, interruptible: bool = True) -> dict[int, Exception]:
-        """Waits up to `timeout` seconds for every pending worker's reply, into `replies`; the
-        failures (death, error, timeout) by worker. A worker silent past the bound stays pending,
-        so a retried wait takes its reply. The interrupt (if `interruptible`) ends it by raising."""
+    def collect(self, timeout: float, interruptible: bool = True, workers=None) -> dict[int, Exception]:
+        """Waits up to `timeout` seconds for the reply of every pending worker (of `workers`, if
+        given), into `replies`; the failures (death, error, timeout) by worker. A worker silent past
+        the bound stays pending, so a retried wait takes its reply. Other workers' replies that come
+        meanwhile are kept, and their failures, for their own wait. The interrupt (if
+        `interruptible`) ends it by raising."""
         watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
+        awaited = set(self.pending if workers is None else workers)
+        earlier = {w: self.failed.pop(w) for w in awaited & set(self.failed)}
         try:
-            return self._collect(timeout, watched)
+            failures = self._collect(timeout, watched, awaited)
         finally:
             if watched is not None:
                 self.poller.unregister(watched)
+        self.failed.update({w: error for w, error in failures.items() if w not in awaited})
+        return earlier | {w: error for w, error in failures.items() if w in awaited}
 
     def _bound(self, w: int, timeout: float) -> float:
         """A worker yet to start gets STARTING; its envs' build is timed once it has started."""
         return max(timeout, STARTING) if self.pending[w] == "start" else timeout
 
-    def _collect(self, timeout: float, watched: int | None) -> dict[int, Exception]:
+    def _collect(self, timeout: float, watched: int | None, awaited: set[int]) -> dict[int, Exception]:
         now, failures, overdue = time.monotonic(), {}, set()
         deadlines = {w: now + self._bound(w, timeout) for w in self.pending}
-        waiting_for = len(self.pending)
-        while len(self.pending) > len(overdue):
+        waiting_for = len(awaited & set(self.pending))
+        while len(awaited & set(self.pending)) > len(overdue):
             # once one worker has answered, the others are awaited without sleeping, up to `spin`
-            deadline = min(deadlines[w] for w in self.pending if w not in overdue)
-            events = self._wait_for_events(deadline, self.spin if len(self.pending) < waiting_for else 0.0)
+            waiting = [w for w in self.pending if w in awaited and w not in overdue]
+            deadline = min(deadlines[w] for w in waiting)
+            events = self._wait_for_events(deadline, self.spin if len(waiting) < waiting_for else 0.0)
             if not events:
-                for w in [w for w in self.pending if w not in overdue and deadlines[w] <= time.monotonic()]:
+                for w in [w for w in waiting if deadlines[w] <= time.monotonic()]:
                     overdue.add(w)
                     envs = self.envs_of(w)
                     message = f"envs {envs} did not answer '{self.pending[w]}' within {self._bound(w, timeout):g} s"
@@ -280,7 +288,7 @@ class WorkerPool:
 
     def _rebuilt(self, ws: list[int], timeout: float, failures: dict[int, Exception]) -> list[int]:
         """Waits for the rebuilt workers, into `failures`; those of `ws` that have not failed."""
-        failures.update(self.collect(timeout))  # only the rebuilt workers are pending
+        failures.update(self.collect(timeout, workers=ws))
         for w in failures:
             self.pending.pop(w, None)
         return [w for w in ws if w not in failures]

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import tyro
 from torch.nn.parallel import DistributedDataParallel
 
 from common.atari_wrappers import AtariPipeline
@@ -131,6 +132,14 @@ class Args:
     """times a crashed, raising or stuck env worker may be replaced, per rank (episodes: truncated)"""
     step_timeout: float | None = None
     """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each wait)"""
+
+    # Speed
+    overlap: tyro.conf.DisallowNone[bool | None] = None
+    """step the envs in two groups of workers, one while the other's actions are drawn (None: with CUDA)"""
+    compile: bool = False
+    """torch.compile the rollout's policy and the minibatch's losses (LeanRL's flag)"""
+    cudagraphs: bool = False
+    """also replay them as CUDA graphs (torch.compile's reduce-overhead mode; LeanRL's flag; CUDA only)"""
 
 
 def make_env(args: Args, idx: int, run_dir: Path | None, noop_max: int = 30):
@@ -249,6 +258,8 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
     device = torch.device(f"cuda:{device_id}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+    if args.overlap is None:  # on with a GPU, which leaves the cores to the envs; run.start records what ran
+        args.overlap = use_cuda
     torch.set_num_threads(args.num_threads)
     local_batch_size = args.local_num_envs * args.num_steps
     local_minibatch_size = local_batch_size // args.num_minibatches
@@ -261,8 +272,8 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
     agent = Agent(int(action_space.n)).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    def to_torch(array):  # shares memory on CPU, one copy to a GPU
-        return torch.from_numpy(array).to(device)
+    def to_torch(array):  # shares memory on CPU; to a GPU from pinned memory, without waiting
+        return torch.from_numpy(array).to(device, non_blocking=True)
 
     def greedy(obs):  # the policy evaluated
         with torch.inference_mode():
@@ -284,42 +295,91 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
         if world_size > 1:
             ddp_agent = DistributedDataParallel(agent, device_ids=[device] if use_cuda else None)
         first_seed = args.seed + rank * args.local_num_envs  # env i of this rank: first_seed + i
-        envs, next_obs = run.make_envs(make_env, args.local_num_envs, seed=first_seed)  # gathers the seeds
-        # Rollout storage, allocated once; the update reads it as torch tensors
+        # with --overlap the envs step in two groups of workers (envs.groups); gathers the seeds
+        envs, next_obs = run.make_envs(make_env, args.local_num_envs, seed=first_seed, groups=2 if args.overlap else 1)
+        # Rollout storage, allocated once (what a GPU copies from, pinned); the update reads it as torch tensors
         obs_shape, action_shape = envs.single_observation_space.shape, ()  # Discrete actions
-        obs = np.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=np.uint8)
-        actions = np.zeros((args.num_steps, args.local_num_envs) + action_shape, dtype=np.int64)
+        obs = torch.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=torch.uint8, pin_memory=use_cuda)
+        actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.int64, pin_memory=use_cuda)
+        obs, actions = obs.numpy(), actions.numpy()
         rewards = np.zeros((args.num_steps, args.local_num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
+        def minibatch_losses(mb_inds):  # the update's losses on a minibatch of the rollout (b_*, below)
+            _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
+            logratio = newlogprob - b_logprobs[mb_inds]
+            ratio = logratio.exp()
+
+            with torch.no_grad():
+                # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                old_approx_kl = (-logratio).mean()
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+            mb_advantages = b_advantages[mb_inds]
+            if args.norm_adv:
+                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+            # Policy loss
+            pg_loss1 = -mb_advantages * ratio
+            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+            # Value loss
+            newvalue = newvalue.view(-1)
+            if args.clip_vloss:
+                v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                v_clipped = b_values[mb_inds] + torch.clamp(
+                    newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                )
+                v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+            else:
+                v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+            entropy_loss = entropy.mean()
+            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+            return loss, torch.stack((pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)).detach()
+
+        # --compile: torch.compile's kernels for the policy and the losses; --cudagraphs: each replayed as a
+        # CUDA graph too (LeanRL's flags). The weights then differ from eager's in the last bits
+        policy = agent.get_policy
+        if args.compile or args.cudagraphs:
+            policy = torch.compile(policy, mode="reduce-overhead" if args.cudagraphs else None)
+            minibatch_losses = torch.compile(minibatch_losses, mode="reduce-overhead" if args.cudagraphs else None)
+
         # at each boundary rank 0 gathers every rank's generators and envs, and saves when due
         for iteration in run.iterations():  # from 1 (or where a resumed run stopped); saves when due
-            global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
-            # ROLLOUT: the policy is fixed until the update, so a step only samples actions
-            for step in range(args.num_steps):
+            # ROLLOUT: the policy is fixed until the update, so a step only samples actions. Each group of envs (two
+            # with --overlap) steps while the next one's actions are drawn: round `step` takes its results of step - 1
+            for step in range(args.num_steps + 1):
                 if run.stop_requested():
-                    break  # the iteration is dropped: the ranks agree on the stop below
-                global_step += args.local_num_envs * world_size
-                obs[step] = next_obs
-                with torch.inference_mode():
-                    actions[step] = sample(agent.get_policy(to_torch(obs[step])), rng)
-                env_start = time.perf_counter()
-                next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
-                env_time += time.perf_counter() - env_start
-                rewards[step] = reward
-                ends[step] = terminations | truncations
-                # A time-limit cut still has a future: keep its last observation, for V(final_obs)
-                for i in np.flatnonzero(truncations & ~terminations):
-                    cuts.append((step, i, infos["final_obs"][i]))
-                if "episode" in infos.get("final_info", {}):
-                    episode = infos["final_info"]["episode"]
-                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
-                        episodes.append((global_step, episode["r"][i], episode["l"][i]))
+                    break  # the iteration is dropped (its steps under way too): the ranks agree on the stop below
+                global_step = (iteration - 1) * batch_size + step * args.local_num_envs * world_size
+                for group in envs.groups:
+                    if step > 0:
+                        env_start = time.perf_counter()
+                        next_obs[group], reward, terminations, truncations, infos = envs.step_wait(group=group)
+                        env_time += time.perf_counter() - env_start
+                        rewards[step - 1, group] = reward
+                        ends[step - 1, group] = terminations | truncations
+                        # A time-limit cut still has a future: keep its last observation, for V(final_obs)
+                        for i in np.flatnonzero(truncations & ~terminations):
+                            cuts.append((step - 1, group.start + i, infos["final_obs"][i]))
+                        if "episode" in infos.get("final_info", {}):
+                            episode = infos["final_info"]["episode"]
+                            for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                                episodes.append((global_step, episode["r"][i], episode["l"][i]))
+                    if step < args.num_steps:
+                        obs[step, group] = next_obs[group]
+                        with torch.inference_mode():
+                            actions[step, group] = sample(policy(to_torch(obs[step, group])), rng)
+                        envs.step_async(actions[step, group], group)
 
             run.stop_if_asked()  # if any rank was asked: every rank stops here, together
 
@@ -349,50 +409,16 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
                 for start in range(0, local_batch_size, local_minibatch_size):
                     if world_size == 1:  # ranks agree once per rollout, above: no collective per minibatch
                         run.stop_if_asked()
-                    mb_inds = to_torch(b_inds[start : start + local_minibatch_size])
-                    _, newlogprob, entropy, newvalue = ddp_agent(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    newvalue = newvalue.view(-1)
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
+                    loss, losses = minibatch_losses(to_torch(b_inds[start : start + local_minibatch_size]))
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    losses = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-                    stats.append(torch.stack(losses).detach())
+                    stats.append(losses.clone())  # (a CUDA graph overwrites its outputs on the next call)
 
-                if args.target_kl is not None and run.mean_over_ranks(approx_kl) > args.target_kl:
-                    break  # on the mean over ranks: one rank stopping alone would hang the others
+                # losses[4]: approx_kl, on the mean over ranks (one rank stopping alone would hang the others)
+                if args.target_kl is not None and run.mean_over_ranks(losses[4]) > args.target_kl:
+                    break
             update_time = time.perf_counter() - update_start
 
             # LOGGING

@@ -10,17 +10,14 @@
 
 Where it departs from CleanRL's ppo.py, and why:
 - Truncation is not termination: a step cut by a time limit is bootstrapped, its reward plus
-  gamma * V(final_obs) (CleanRL ends all future reward there). GAE reads ends[t] (step t ended its
-  episode, either way; the bootstrap is in rewards[t]) where CleanRL reads dones[t + 1].
+  gamma * V(final_obs). GAE reads ends[t] (step t ended its episode) where CleanRL reads dones[t + 1].
 - Rewards are normalized for every env (CleanRL: Box actions only; values near 100 stall CartPole's
   critic), Box-action observations with one set of statistics for all envs (CleanRL: one per env),
-  both in the trainer and in checkpoints (common/normalize.py). Box actions: a diagonal Gaussian.
-- Speed: a rollout step only samples actions (`sample`, outside Agent); log-probs and values come
-  from one batched pass after the rollout; GAE runs in numpy; Adam is fused.
+  in the trainer (common/normalize.py). Box actions: a diagonal Gaussian.
+- Speed: a rollout step only samples actions; log-probs and values come from one batched pass after
+  the rollout; GAE runs in numpy; Adam is fused; --overlap, --compile, --cudagraphs.
 - Returns are read from gymnasium 1.x's final_info; losses logged are means over the whole update.
-- Stops, checkpoints, resume and evaluation go through one Run object (common/run/): Ctrl-C saves
-  the state of the last iteration boundary and exits 130; --resume goes on from it, weight for
-  weight.
+- Stops, checkpoints, resume and evaluation go through one Run object (common/run/), weight for weight.
 """
 
 import os
@@ -112,7 +109,7 @@ class Args:
     norm_reward: bool = True
     """rewards / running std of discounted returns (CleanRL: for Box actions only)"""
 
-    # Vector env
+    # Vector env and speed
     num_workers: int | None = None
     """env worker processes (0: step the envs in the trainer; None: decided, said at start)"""
     max_restarts: int = 0
@@ -121,6 +118,12 @@ class Args:
     """seconds an env step may take before its worker counts as stuck (None: 600 s bounds each wait)"""
     num_threads: int = 1
     """torch CPU threads (a 64-unit MLP gains nothing from more; the env workers need the cores)"""
+    overlap: tyro.conf.DisallowNone[bool | None] = None
+    """step the envs in two groups of workers, one while the other's actions are drawn (None: with CUDA)"""
+    compile: bool = False
+    """torch.compile the rollout's policy and the minibatch's losses (LeanRL's flag)"""
+    cudagraphs: bool = False
+    """also replay them as CUDA graphs (torch.compile's reduce-overhead mode; LeanRL's flag; CUDA only)"""
 
 
 def make_env(args: Args, idx: int, run_dir: Path | None):
@@ -132,7 +135,6 @@ def make_env(args: Args, idx: int, run_dir: Path | None):
         if video:
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
         space = env.observation_space
-        # images
         if not space.is_np_flattenable or (space.dtype == np.uint8 and len(space.shape) >= 2):
             raise ValueError(
                 f"{args.env_id} has observations {space}; ppo_vec.py needs ones that flatten to a "
@@ -221,14 +223,14 @@ def compute_gae(rewards, values, ends, next_value, gamma: float, gae_lambda: flo
     return advantages
 
 
-def check_spaces(args: Args, action_space: gym.Space) -> None:
-    """The flags that depend on the env's spaces, as FlagErrors naming the flag."""
-    env = f"--env-id {args.env_id}"
-    if not isinstance(action_space, gym.spaces.Discrete) and not (
-        isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
-    ):
+def check_args(args: Args, action_space: gym.Space) -> None:
+    """The flags only this script has, and those that depend on the env's spaces, as FlagErrors."""
+    env, box = f"--env-id {args.env_id}", isinstance(action_space, gym.spaces.Box)
+    if not (box and len(action_space.shape) == 1 or isinstance(action_space, gym.spaces.Discrete)):
         raise FlagError(f"{env} has action space {action_space}; ppo_vec.py needs Discrete or 1-D Box")
-    if args.norm_obs and not isinstance(action_space, gym.spaces.Box):
+    if args.overlap and (box if args.norm_obs is None else args.norm_obs):
+        raise FlagError("--overlap steps each step in two groups of envs, which --norm-obs cannot: add --no-norm-obs")
+    if args.norm_obs and not box:
         raise FlagError(
             f"--norm-obs normalizes the observations of Box-action envs; {env} has {action_space}: "
             "drop the flag (Discrete-action envs learn without)"
@@ -239,11 +241,13 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
     run = Run(args, command_line)  # with --resume or --eval-checkpoint, the flags the run was trained with
     args = run.args
     obs_space, action_space = run.probe(make_env)  # env 0, built in a process of its own
-    check_spaces(args, action_space)
+    check_args(args, action_space)
     continuous = isinstance(action_space, gym.spaces.Box)
     if args.norm_obs is None:  # on for Box actions; run.start records what ran in args.json
         args.norm_obs = continuous
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.overlap is None:  # on with a GPU, which leaves the cores to the envs
+        args.overlap = device.type == "cuda" and not args.norm_obs
     torch.set_num_threads(args.num_threads)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -257,11 +261,10 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
     scale_rewards = RewardScaler(args.num_envs, args.gamma)
     normalize_obs = ObsNormalizer(obs_shape[0], args.norm_obs)
 
-    def to_torch(array):  # shares memory on CPU, one copy to a GPU
-        return torch.from_numpy(array).to(device)
+    def to_torch(array):  # shares memory on CPU; to a GPU from pinned memory, without waiting
+        return torch.from_numpy(array).to(device, non_blocking=True)
 
-    # the policy evaluated: observations normalized as in training, statistics frozen
-    def greedy(obs):
+    def greedy(obs):  # the policy evaluated: observations normalized as in training, statistics frozen
         with torch.inference_mode():
             out, _ = agent.get_policy(to_torch(normalize_obs(obs, update=False)))
         return (out if continuous else out.argmax(-1)).cpu().numpy()
@@ -271,49 +274,94 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
         return run.evaluate(greedy, make_env)
 
     # What a checkpoint holds, kept at iteration boundaries: a stopped run, resumed, goes on weight for weight
-    state = {
-        "model": agent,
-        "optimizer": optimizer,
-        "reward_scaler": scale_rewards,
-        "obs_normalizer": normalize_obs,
-        "rng": rng,
-    }
+    state = {"model": agent, "optimizer": optimizer, "rng": rng}
+    state |= {"reward_scaler": scale_rewards, "obs_normalizer": normalize_obs}
     # the run folder (or the resumed one, its state put back); a stop or an env failure in the block saves the
     # last boundary kept; its end closes the envs and writes summary.json and the closing line
     with run.start(device, num_iterations, batch_size, state) as writer:
-        envs, next_obs = run.make_envs(make_env, args.num_envs, seed=args.seed)  # env i: seed + i, or as saved
-        # Rollout storage, allocated once; the update reads it as torch tensors
-        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
-        action_type = np.float32 if continuous else np.int64
-        actions = np.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_type)
+        # env i: seed + i, or as saved; with --overlap in two groups of workers (envs.groups)
+        envs, next_obs = run.make_envs(make_env, args.num_envs, seed=args.seed, groups=2 if args.overlap else 1)
+        # Rollout storage, allocated once (what a GPU copies from, pinned); the update reads it as torch tensors
+        pinned, action_type = device.type == "cuda", torch.float32 if continuous else torch.int64
+        obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, pin_memory=pinned).numpy()
+        actions = torch.zeros(obs.shape[:2] + action_shape, dtype=action_type, pin_memory=pinned).numpy()
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         ends = np.zeros_like(rewards)  # 1.0: step t ended its episode (terminated or truncated)
 
+        def minibatch_losses(mb_inds):  # the update's losses on a minibatch of the rollout (b_*, below)
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+            logratio = newlogprob - b_logprobs[mb_inds]
+            ratio = logratio.exp()
+
+            with torch.no_grad():
+                # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                old_approx_kl = (-logratio).mean()
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+            mb_advantages = b_advantages[mb_inds]
+            if args.norm_adv:
+                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+            # Policy loss
+            pg_loss1 = -mb_advantages * ratio
+            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+            # Value loss
+            newvalue = newvalue.view(-1)
+            if args.clip_vloss:
+                v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                v_clipped = b_values[mb_inds] + torch.clamp(
+                    newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                )
+                v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+            else:
+                v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+            entropy_loss = entropy.mean()
+            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+            return loss, torch.stack((pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)).detach()
+
+        # --compile: torch.compile's kernels for the policy and the losses; --cudagraphs: each replayed as a
+        # CUDA graph too (LeanRL's flags). The weights then differ from eager's in the last bits
+        policy = agent.get_policy
+        if args.compile or args.cudagraphs:
+            policy = torch.compile(policy, mode="reduce-overhead" if args.cudagraphs else None)
+            minibatch_losses = torch.compile(minibatch_losses, mode="reduce-overhead" if args.cudagraphs else None)
+
         for iteration in run.iterations():  # from 1 (or where a resumed run stopped); saves when due
-            global_step = (iteration - 1) * batch_size
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
             rollout_start, env_time, cuts, episodes = time.perf_counter(), 0.0, [], []
 
-            # ROLLOUT: the policy is fixed until the update, so a step only samples actions
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                obs[step] = normalize_obs(next_obs)  # updates its running statistics, then normalizes
-                with torch.inference_mode():
-                    actions[step] = sample(agent.get_policy(to_torch(obs[step])), rng)
-                env_start = time.perf_counter()
-                next_obs, reward, terminations, truncations, infos = envs.step(actions[step])
-                env_time += time.perf_counter() - env_start
-                rewards[step] = scale_rewards(reward, terminations) if args.norm_reward else reward  # updates its stats
-                ends[step] = terminations | truncations
-                # A time-limit cut still has a future: keep its last observation, for V(final_obs)
-                for i in np.flatnonzero(truncations & ~terminations):
-                    cuts.append((step, i, infos["final_obs"][i]))
-                if "episode" in infos.get("final_info", {}):
-                    episode = infos["final_info"]["episode"]
-                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
-                        episodes.append((global_step, episode["r"][i], episode["l"][i]))
+            # ROLLOUT: the policy is fixed until the update, so a step only samples actions. Each group of envs (two
+            # with --overlap) steps while the next one's actions are drawn: round `step` takes its results of step - 1
+            for step in range(args.num_steps + 1):
+                global_step = (iteration - 1) * batch_size + step * args.num_envs
+                for group in envs.groups:
+                    if step > 0:
+                        env_start = time.perf_counter()
+                        next_obs[group], reward, terminations, truncations, infos = envs.step_wait(group=group)
+                        env_time += time.perf_counter() - env_start
+                        if args.norm_reward:  # updates each env's statistics
+                            reward = scale_rewards(reward, terminations, group)
+                        rewards[step - 1, group] = reward
+                        ends[step - 1, group] = terminations | truncations
+                        # A time-limit cut still has a future: keep its last observation, for V(final_obs)
+                        for i in np.flatnonzero(truncations & ~terminations):
+                            cuts.append((step - 1, group.start + i, infos["final_obs"][i]))
+                        if "episode" in infos.get("final_info", {}):
+                            episode = infos["final_info"]["episode"]
+                            for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                                episodes.append((global_step, episode["r"][i], episode["l"][i]))
+                    if step < args.num_steps:
+                        obs[step, group] = normalize_obs(next_obs[group])  # updates its statistics first
+                        with torch.inference_mode():
+                            actions[step, group] = sample(policy(to_torch(obs[step, group])), rng)
+                        envs.step_async(actions[step, group], group)
 
             # LOG-PROBS, VALUES AND THE TRUNCATION BOOTSTRAP: one batched pass over the rollout
             update_start = time.perf_counter()
@@ -328,8 +376,7 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
                     final_obs = normalize_obs(np.stack(final_obs), update=False)
                     final_values = agent.get_value(to_torch(final_obs)).flatten().cpu().numpy()
                     rewards[cut_steps, cut_envs] += args.gamma * final_values
-                next_value = agent.get_value(to_torch(normalize_obs(next_obs, update=False)))
-                next_value = next_value.flatten().cpu().numpy()
+                next_value = agent.get_value(to_torch(normalize_obs(next_obs, update=False))).flatten().cpu().numpy()
 
             # GAE
             advantages = compute_gae(rewards, values, ends, next_value, args.gamma, args.gae_lambda)
@@ -341,51 +388,15 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
             for _epoch in range(args.update_epochs):
                 b_inds = rng.permutation(batch_size)
                 for start in range(0, batch_size, minibatch_size):
-                    # a stop ends the run here, and saves the last iteration boundary
-                    run.stop_if_asked()
-                    mb_inds = to_torch(b_inds[start : start + minibatch_size])
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    newvalue = newvalue.view(-1)
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
+                    run.stop_if_asked()  # a stop ends the run here, and saves the last iteration boundary
+                    loss, losses = minibatch_losses(to_torch(b_inds[start : start + minibatch_size]))
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
-                    losses = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-                    stats.append(torch.stack(losses).detach())
+                    stats.append(losses.clone())  # (a CUDA graph overwrites its outputs on the next call)
 
-                if args.target_kl is not None and approx_kl > args.target_kl:
+                if args.target_kl is not None and losses[4] > args.target_kl:  # losses[4]: approx_kl
                     break
             update_time = time.perf_counter() - update_start
 
@@ -401,8 +412,7 @@ def main(args: Args, command_line=None) -> list[float] | None:  # the evaluation
             # the episodes (of every rank, gathered), SPS and perf/*_seconds to TensorBoard, the progress line
             run.log(global_step, episodes, {"env": env_time, "inference": inference, "update": update_time})
 
-        # --save-model wrote <exp-name>.cleanrl_model at the last boundary: evaluate that policy
-        if args.save_model and args.eval_episodes:
+        if args.save_model and args.eval_episodes:  # the <exp-name>.cleanrl_model saved at the end: evaluate it
             run.evaluate(greedy, make_env)
 
 

@@ -53,14 +53,15 @@ class RewardScaler(nn.Module):
             self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))  # in checkpoints
         self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
 
-    def forward(self, rewards: np.ndarray, terminations: np.ndarray) -> np.ndarray:
+    def forward(self, rewards: np.ndarray, terminations: np.ndarray, envs: slice = slice(None)) -> np.ndarray:
         """Args:
-            rewards, terminations: one step of every env, (num_envs,): each env's discounted return
-                and its running variance are updated with them (a termination ends the return).
+            rewards, terminations: one step of the envs `envs` (all by default): each env's discounted
+                return and its running variance are updated with them (a termination ends the return).
+            envs: which envs of the num_envs they are.
 
         Returns:
             rewards / sqrt(var + 1e-8), clipped to +-10."""
-        returns, mean, var, count = self.arrays
+        returns, mean, var, count = (array[envs] for array in self.arrays)
         returns[:] = returns * self.gamma * ~terminations + rewards
         delta, total = returns - mean, count + 1  # RunningMeanStd.update with one sample per env
         var[:] = (var * count + delta**2 * count / total) / total

@@ -75,7 +75,7 @@ CASES = [
     (
         VEC,
         ["--resume", "ppo_vec.pt"],
-        "--resume ppo_vec.pt holds no optimizer and no reward_scaler and no obs_normalizer and no rng: not a whole",
+        "--resume ppo_vec.pt holds no optimizer and no rng and no reward_scaler and no obs_normalizer: not a whole",
     ),
     (VEC, ["--eval-checkpoint", "incomplete.pt"], "incomplete.pt holds no args: not a whole checkpoint"),
     (
@@ -117,6 +117,19 @@ CASES = [
     (ATARI, ["--local-num-envs", "0"], "--local-num-envs must be >= 1, got 0"),
     (VEC, ["--total-timesteps", "1000"], "--total-timesteps must be >= one batch of 1024 steps"),
     (ATARI, ["--backend", "nccl", "--no-cuda"], "--backend must be gloo without CUDA (or unset), got nccl"),
+    *[
+        (
+            script,
+            ["--cudagraphs", "--no-cuda"],
+            "--cudagraphs replays CUDA graphs, and this run has no CUDA device: drop",
+        )
+        for script in (VEC, ATARI)
+    ],
+    (
+        VEC,
+        ["--env-id", "Pendulum-v1", "--overlap"],
+        "--overlap steps each step in two groups of envs, which --norm-obs",
+    ),
     (
         VEC,
         ["--num-envs", "1", "--num-steps", "16", "--num-minibatches", "16"],

@@ -59,9 +59,11 @@ def test_crash_without_restarts_stops_with_the_worker_error(tmp_path, fault):
     assert_workers_gone(tmp_path)
 
 
-@pytest.mark.parametrize("fault", ["hang:30", *LONG("sigkill:30", "raise:30")])
+@pytest.mark.parametrize("fault", ["hang:30", "sigkill:30 --overlap", *LONG("sigkill:30", "raise:30 --overlap")])
 def test_crash_with_restarts_finishes_training(tmp_path, fault):
-    args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--step-timeout", "2", "--max-restarts", "1"]
+    """A worker replaced, its envs' episodes truncated; with --overlap, its group's while the other steps."""
+    fault, *flags = fault.split()
+    args = [*FAULT_ENV, *VEC_TINY, "--total-timesteps", "2048", "--step-timeout", "2", "--max-restarts", "1", *flags]
     out = run_script(VEC, args, tmp_path, timeout=120, extra_env=fault_env(tmp_path, fault))
     assert out.returncode == 0, out.stderr
     assert "restarting worker" in out.stderr and "global_step=2048/2048" in out.stdout

@@ -60,13 +60,15 @@ def block(source: str, first: str, last: str) -> str:
 # Where both scripts do the same thing, they do it the same way with the same names (each script
 # reads alone, so it is written twice; this keeps the two copies from drifting apart).
 SHARED_BLOCKS = [
-    ("for iteration in run.iterations():", "# ROLLOUT"),  # an iteration's start
-    ("actions[step] = sample(", "env_time += "),  # a rollout step (ppo_vec.py scales the rewards next)
-    ("ends[step] = ", "episodes.append("),  # truncation cuts, episode records
+    ("for iteration in run.iterations():", "for step in range(args.num_steps + 1):"),  # an iteration's start
+    ("for group in envs.groups:", "env_time += "),  # a group's step coming back (ppo_vec.py scales the rewards next)
+    ("ends[step - 1, group] = ", "episodes.append("),  # truncation cuts, episode records
+    ("# --compile:", "minibatch_losses = torch.compile("),
     # the batched pass (ppo_vec.py normalizes V's input)
     ("# LOG-PROBS, VALUES", "cut_steps, cut_envs, final_obs = "),
     ("# GAE", "# UPDATE"),
-    ("logratio = newlogprob", "stats.append("),  # the losses and what is logged of them
+    ("logratio = newlogprob", "return loss, torch.stack("),  # the losses and what is logged of them
+    ("optimizer.zero_grad()", "stats.append("),
     # logging (the losses: means over ranks)
     ("var_y = np.var(returns)", 'writer.add_scalar("charts/learning_rate"'),
     ('writer.add_scalar("losses/explained_variance"', "run.log("),

@@ -35,6 +35,8 @@ CASES = [
     (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "0"], 128),  # in the trainer
     # in workers, each env's statistics
     (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedPendulum-v1", "--num-workers", "2"], 128),
+    # in two groups of workers, one stepping while the other's actions are drawn
+    (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "2", "--overlap"], 128),
     pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' states (two ranks: below)
 ]
 
@@ -53,7 +55,9 @@ def assert_same_run(resumed_dir, expected_dir, script) -> None:
     assert steps == [step for step, _ in read_scalars(expected_dir)["losses/policy_loss"]]
 
 
-@pytest.mark.parametrize(("script", "args", "steps_per_iteration"), CASES, ids=["trainer", "workers", "atari"])
+@pytest.mark.parametrize(
+    ("script", "args", "steps_per_iteration"), CASES, ids=["trainer", "workers", "overlap", "atari"]
+)
 def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path, script, args, steps_per_iteration):
     args = [*args, "--total-timesteps", 30 * steps_per_iteration, "--save-model", "--eval-episodes", "0"]
     full, stopped = tmp_path / "full", tmp_path / "stopped"
@@ -81,8 +85,8 @@ def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path
 def test_ctrl_c_to_a_two_rank_job_saves_and_resumes_into_the_run_of_its_seed(tmp_path):
     """Ctrl-C in a terminal: SIGINT to the launcher and both ranks at once (the launcher forwards
     its own a moment later). Each rank stops once, rank 0 saves every rank's state, and the job
-    resumed ends as the job never stopped."""
-    extra = ["--save-model", "--eval-episodes", "0"]
+    resumed ends as the job never stopped. Each rank's envs step in two groups (--overlap)."""
+    extra = ["--save-model", "--eval-episodes", "0", "--num-workers", "2", "--overlap"]
     args = [*ATARI_TINY, "--total-timesteps", "640", *extra]  # 20 x 32 global steps
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):

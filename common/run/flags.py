@@ -17,17 +17,19 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from ..vecenv.errors import check_layout
 from ..vecenv.layout import ProbeFailed, probe
 from . import records
 from .errors import FlagError
 
-# Flags a resume may change and a sweep reuse a run made with others: where it computes, saves, logs
-# (another num_threads, cuda or backend sums floats in another order: the weights then differ a little)
+# Flags a resume may change and a sweep reuse a run made with others: where and how it computes, saves, logs
+# (another num_threads, cuda, backend or compile sums floats in another order: the weights then differ a little)
 TOLERATED = frozenset(
     "checkpoint_interval num_workers step_timeout max_restarts num_threads cuda backend device_ids track "
-    "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume run_id".split()
+    "wandb_project_name wandb_entity capture_video save_model eval_episodes eval_checkpoint resume run_id overlap "
+    "compile cudagraphs".split()
 )
 
 
@@ -187,6 +189,8 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
     for name, ok, allowed in shared + rules:
         if not ok:
             raise FlagError(f"{flag(name)} must be {allowed}, got {getattr(args, name)}")
+    if getattr(args, "cudagraphs", False) and not (args.cuda and torch.cuda.is_available()):
+        raise FlagError("--cudagraphs replays CUDA graphs, and this run has no CUDA device: drop it (--compile works)")
     for name, package in {"capture_video": "moviepy", "track": "wandb"}.items():
         if getattr(args, name, False) and importlib.util.find_spec(package) is None:
             raise FlagError(f"{flag(name)} needs {package}, which is not installed: pip install {package}")

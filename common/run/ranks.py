@@ -72,10 +72,10 @@ class RankedRun(Run):
         except RuntimeError as exc:
             raise LostRank(records.one_line(exc, 300)) from None
 
-    def _build_envs(self, make_env: Callable, num_envs: int, num_workers: int | None, interrupt: Any):
+    def _build_envs(self, make_env: Callable, num_envs: int, num_workers: int | None, interrupt: Any, groups: int):
         workers = num_workers if num_workers is not None else self.cores
         # ranks stop together, at stop_if_asked: a stop does not end a wait on the envs mid-step
-        envs, _ = super()._build_envs(make_env, num_envs, workers, None if self.distributed else interrupt)
+        envs, _ = super()._build_envs(make_env, num_envs, workers, None if self.distributed else interrupt, groups)
         return envs, self._seeds_note
 
     def _seeds_note(self, first_seed: int) -> str:

@@ -203,10 +203,11 @@ class Run:
             raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
         return earlier
 
-    def make_envs(self, make_env: Callable, num_envs: int, seed: int) -> tuple[SubprocVecEnv, Any]:
+    def make_envs(self, make_env: Callable, num_envs: int, seed: int, groups: int = 1) -> tuple[SubprocVecEnv, Any]:
         """Builds make_env(args, i, dir) for i < num_envs in a SubprocVecEnv laid out as the probe
-        decided (or --num-workers says), and prints the start line. Inside `start` only: the envs
-        write into the run's folder (videos) and are closed as the run ends.
+        decided (or --num-workers says), its workers in `groups` groups (SubprocVecEnv's), and
+        prints the start line. Inside `start` only: the envs write into the run's folder (videos)
+        and are closed as the run ends.
 
         Returns:
             The envs.
@@ -215,7 +216,7 @@ class Run:
         """
         if self.progress is None:
             raise RuntimeError("run.make_envs is called inside `with run.start(...)`: the envs close with the run")
-        envs, note = self._build_envs(make_env, num_envs, self.args.num_workers, self.stop)
+        envs, note = self._build_envs(make_env, num_envs, self.args.num_workers, self.stop, groups)
         first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
         next_obs, why = self._env_states(envs), ""
         if isinstance(next_obs, str):
@@ -230,11 +231,12 @@ class Run:
             print(f"{self.script}: {'; '.join([line, *self.notes])}; results in {self.dir}", flush=True)
         return envs, next_obs
 
-    def _build_envs(self, make_env: Callable, num_envs: int, num_workers: int | None, interrupt: Any):
+    def _build_envs(self, make_env: Callable, num_envs: int, num_workers: int | None, interrupt: Any, groups: int):
         """The envs, and what the start line says of the ranks (nothing, with one: ranks.py's)."""
         env_fns = [make_env(self.args, i, self.dir) for i in range(num_envs)]
         bounds = {"max_restarts": self.args.max_restarts, "step_timeout": self.args.step_timeout}
-        self.envs = SubprocVecEnv(env_fns, num_workers=num_workers, interrupt=interrupt, probe=self.probed, **bounds)
+        placed = {"num_workers": num_workers, "groups": groups, "probe": self.probed}
+        self.envs = SubprocVecEnv(env_fns, interrupt=interrupt, **placed, **bounds)
         return self.envs, lambda first_seed: ""
 
     def _env_states(self, envs: SubprocVecEnv) -> Any:

@@ -89,7 +89,7 @@ class SubprocVecEnv(VectorEnv):
         self.max_restarts, self.restarts, self.close_timeout = max_restarts, 0, close_timeout
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
-        self._stepping: set[int] = set()  # the workers whose step is under way
+        self._stepping = 0  # the workers whose step is under way, a bit each
         self._failed: WorkerError | None = None  # an earlier failure leaves this vec env unusable
         self._closing_on_exception = False
         self._pool: InProcessPool | WorkerPool | None = None
@@ -120,6 +120,13 @@ class SubprocVecEnv(VectorEnv):
         count = max(1, min(groups, self.num_workers)) if self._obs_in_shm else 1
         bounds = [slices[len(slices) * k // count].start for k in range(count)] + [n]
         self.groups = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+        self._everyone = slice(0, n)
+        self._group_of = {}  # a group's (start, stop, step): it, its workers, its rows of the block, a bit per worker
+        for g in [*self.groups, self._everyone]:
+            workers = [w for w, sl in enumerate(slices) if g.start <= sl.start < g.stop]
+            rows = {name: view[g] for name, view in self._views.items()}
+            self._group_of[g.start, g.stop, g.step] = g, workers, rows, sum(1 << w for w in workers)
+        self._group_of[None] = self._group_of[0, n, None]
         self.placement, reasons = layout.describe(n, self.num_workers, basis, len(self.groups))
         self.layout = f"{self.placement} ({reasons})" if reasons else self.placement
 
@@ -194,9 +201,9 @@ class SubprocVecEnv(VectorEnv):
             TypeError: a scalar action.
             AlreadyPendingCallError: those envs are stepping already.
         """
-        group, workers = self._group(group)
-        self._check_usable("step_async", workers)
-        act = self._views["actions"][group]
+        group, workers, views, bits = self._group(group)
+        self._check_usable("step_async", bits)
+        act = views["actions"]
         if self._actions_in_shm:
             actions = np.asarray(actions)
             if actions.ndim == 0:
@@ -210,7 +217,7 @@ class SubprocVecEnv(VectorEnv):
         if in_shm:
             act[...] = actions
         self._state = AsyncState.WAITING_STEP
-        self._stepping.update(workers)
+        self._stepping |= bits
         for w in workers:
             sl = self._pool.slices[w]
             self._pool.send(
@@ -232,19 +239,18 @@ class SubprocVecEnv(VectorEnv):
             WorkerError: an env raised, or a worker died, past the restart budget.
             WorkerTimeout: some envs did not answer within `timeout` (the step stays pending).
         """
-        group, workers = self._group(group)
-        self._check_waiting(AsyncState.WAITING_STEP, workers)
+        group, workers, views, bits = self._group(group)
+        self._check_waiting(AsyncState.WAITING_STEP, bits)
         failures = self._pool.collect(self._bound if timeout is None else timeout, workers=workers)
         if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
             self._raise(failures)
         restarted = self._restart(failures) if failures else {}
-        self._stepping.difference_update(workers)
+        self._stepping &= ~bits
         self._state = AsyncState.WAITING_STEP if self._stepping else AsyncState.DEFAULT
         # (copied: a group's step writes its rows of _last_obs in place)
         last_obs = list(iterate(self.observation_space, copy.deepcopy(self._last_obs))) if restarted else None
         infos: dict[str, Any] = {}
         for w in workers:
-            sl = self._pool.slices[w]
             if w in restarted:
                 infos = self._report_restart(w, restarted[w], last_obs, infos)
                 continue
@@ -252,27 +258,27 @@ class SubprocVecEnv(VectorEnv):
             if reply is None:
                 continue
             obs_list, extras = reply
+            sl = self._pool.slices[w]
             for k, final, info in extras:
                 if final is not None:
                     infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k)
                 infos = self._add_info(infos, info, sl.start + k)
             self._store_obs(w, obs_list)
-        obs = self._observations(group)
-        if group.stop - group.start == self.num_envs:
-            self._last_obs = obs
+        if group is self._everyone:
+            self._last_obs = obs = self._observations()
         else:  # the group's rows, of arrays of every env (groups split only observations in shared memory)
+            obs = views["obs"].copy()
             self._last_obs[group], infos = obs, _rows(infos, group)
-        rewards, terminations, truncations = (
-            self._views[k][group].copy() for k in ("rewards", "terminations", "truncations")
-        )
-        return obs, rewards, terminations, truncations, infos
+        return obs, views["rewards"].copy(), views["terminations"].copy(), views["truncations"].copy(), infos
 
-    def _group(self, group: slice | None) -> tuple[slice, list[int]]:
-        """The envs of `group` (None: all) and the workers that step them."""
-        if group is not None and group not in self.groups:
+    def _group(self, group: slice | None) -> tuple[slice, list[int], dict[str, np.ndarray], int]:
+        """The envs of `group` (None: all), the workers that step them, their rows of the block, and a
+        bit for each of those workers."""
+        if group is None:
+            return self._group_of[None]
+        if (found := self._group_of.get((group.start, group.stop, group.step))) is None:
             raise ValueError(f"group must be one of envs.groups, {self.groups}, got {group}")
-        group = slice(0, self.num_envs) if group is None else group
-        return group, [w for w, sl in enumerate(self._pool.slices) if group.start <= sl.start < group.stop]
+        return found
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method `name(*args, **kwargs)` of every env (or the wrapper that has it), or reads
@@ -367,7 +373,7 @@ class SubprocVecEnv(VectorEnv):
             pending = f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
             warnings.warn(pending, UserWarning, stacklevel=3)
         self._pool.drain(timeout)
-        self._state, self._stepping = AsyncState.DEFAULT, set()
+        self._state, self._stepping = AsyncState.DEFAULT, 0
         self._pool.close(timeout)
 
     def __enter__(self):
@@ -410,24 +416,25 @@ class SubprocVecEnv(VectorEnv):
                     f"{self.single_observation_space} and {self.single_action_space}; all envs must match"
                 )
 
-    def _check_usable(self, name: str, workers: list[int] | None = None) -> None:
-        """Raises unless `name` may be called now (on `workers`, a group: while another group steps)."""
+    def _check_usable(self, name: str, group_bits: int = 0) -> None:
+        """Raises unless `name` may be called now (on a group's workers, `group_bits`: while another group steps)."""
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{name}() was called after close(); build a new one")
         if self._failed is not None:
             failed = self._failed
             message = f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
             raise WorkerError(message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode)
-        another_group = workers and self._state is AsyncState.WAITING_STEP and self._stepping.isdisjoint(workers)
-        if self._state is not AsyncState.DEFAULT and not another_group:
+        if self._state is not AsyncState.DEFAULT and not (
+            group_bits and self._state is AsyncState.WAITING_STEP and not self._stepping & group_bits
+        ):
             waiting = self._state.value
             message = f"Calling `{name}` while waiting for a pending call to `{waiting}` to complete"
             raise AlreadyPendingCallError(f"{message}; call {waiting}_wait() first", waiting)
 
-    def _check_waiting(self, state: AsyncState, workers: list[int] = ()) -> None:
+    def _check_waiting(self, state: AsyncState, group_bits: int = 0) -> None:
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew")
-        if self._state is not state or not self._stepping.issuperset(workers):
+        if self._state is not state or self._stepping & group_bits != group_bits:
             message = f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`."
             raise NoAsyncCallError(message, state.value)
 
@@ -476,9 +483,9 @@ class SubprocVecEnv(VectorEnv):
             if obs is not None:
                 self._env_obs[self._pool.slices[w].start + k] = obs
 
-    def _observations(self, group: slice = slice(None)):
+    def _observations(self):
         if self._obs_in_shm:
-            return self._views["obs"][group].copy()
+            return self._views["obs"].copy()
         out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.empty)
         return concatenate(self.single_observation_space, self._env_obs, out)
 

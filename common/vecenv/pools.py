@@ -61,8 +61,8 @@ class InProcessPool:
         if self.interrupt is not None and interruptible:
             self.interrupt.check()
         failures: dict[int, Exception] = {}
-        for w, (command, arg) in list(self.pending.items()):
-            del self.pending[w]
+        pending, self.pending = self.pending, {}
+        for w, (command, arg) in pending.items():
             try:
                 self.replies[w] = self.group.run(command, arg)
             except Exception as exc:  # noqa: BLE001 - env code: reported as a worker's failure would be

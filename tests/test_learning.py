@@ -13,8 +13,8 @@ from benchmarks.learning import VEC_CASES
 from tests.helpers import VEC, only_run_dir, read_scalars, run_script
 
 
-def last_20_mean(case: str, seed: int, cwd) -> float:
-    out = run_script(VEC, [*VEC_CASES[case][1].split(), "--seed", seed], cwd, timeout=3600)
+def last_20_mean(case: str, seed: int, cwd, *extra: str) -> float:
+    out = run_script(VEC, [*VEC_CASES[case][1].split(), *extra, "--seed", seed], cwd, timeout=3600)
     assert out.returncode == 0, out.stderr
     return float(np.mean([value for _, value in read_scalars(only_run_dir(cwd))["charts/episodic_return"]][-20:]))
 
@@ -24,6 +24,12 @@ def last_20_mean(case: str, seed: int, cwd) -> float:
 def test_the_mission_command_solves_cartpole(tmp_path, seed):
     """python ppo_vec.py --env-id CartPole-v1 --num-envs 8, every other flag at its default."""
     assert last_20_mean("cartpole", seed, tmp_path) >= 475
+
+
+@pytest.mark.slow
+def test_the_compiled_path_solves_cartpole(tmp_path):
+    """The mission's command with --compile: torch.compile of the rollout's policy and the minibatch's losses."""
+    assert last_20_mean("cartpole", 3, tmp_path, "--compile") >= 475
 
 
 @pytest.mark.slow

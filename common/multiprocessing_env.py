@@ -99,13 +99,13 @@ class SubprocVecEnv(VectorEnv):
         cores = process_control.cores()
         bounded = step_timeout is not None or max_restarts > 0
         probing = {"bound": self._bound, "interrupt": interrupt}
-        workers, basis = layout.choose(env_fns, num_workers, bounded, cores, probe, **probing)
+        workers, facts = layout.choose(env_fns, num_workers, bounded, cores, probe, **probing)
         per_worker = -(-n // workers) if workers else n
         slices = [slice(lo, min(lo + per_worker, n)) for lo in range(0, n, per_worker)]
         self.num_workers = len(slices) if workers else 0
         spin = (DEFAULT_SPIN if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
         self.worker_spin = spin if workers else 0.0
-        self.step_seconds = basis.get("step")  # the probe's CPU seconds a step; None: not timed
+        self.step_seconds = facts.get("step")  # the probe's CPU seconds a step; None: not timed
 
         try:
             context = context or process_control.default_context()
@@ -127,7 +127,7 @@ class SubprocVecEnv(VectorEnv):
             rows = {name: view[g] for name, view in self._views.items()}
             self._group_of[g.start, g.stop, g.step] = g, workers, rows, sum(1 << w for w in workers)
         self._group_of[None] = self._group_of[0, n, None]
-        self.placement, reasons = layout.describe(n, self.num_workers, basis, len(self.groups))
+        self.placement, reasons = layout.describe(n, self.num_workers, facts, len(self.groups))
         self.layout = f"{self.placement} ({reasons})" if reasons else self.placement
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):

@@ -42,7 +42,7 @@ TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymna
 # benchmarks/layout_thresholds.py)
 ROUND_TRIP = 20.0
 STEPPING = 0.02  # CPU seconds of steps the probe times (1 to 200 steps, after 5 not timed)
-STEP_DECIDE = 2.0  # seconds the timing may take before the facts falls to workers
+STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers
 PROBE_START = 60.0  # seconds the probe may take to start (Python, gymnasium, the env's module)
 # the folder our top package lies in, under whatever name it was copied as: the probe's cwd
 _ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])

@@ -23,14 +23,11 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from .vecenv import env_state, layout, process_control, shared_block
-from .vecenv.errors import WorkerError, WorkerTimeout, check_arguments, check_reset_mask, first_failure
+from .vecenv.errors import WorkerError, WorkerTimeout, check_arguments, check_reset_mask, check_spaces, first_failure
 from .vecenv.pools import InProcessPool, WorkerPool
 from .vecenv.worker import Command
 
 __all__ = ["SubprocVecEnv", "WorkerError", "WorkerTimeout"]
-
-_log = logging.getLogger(__name__)
-DEFAULT_SPIN = 0.02  # worker_spin's default: seconds a worker polls for its next command
 
 
 class SubprocVecEnv(VectorEnv):
@@ -43,8 +40,7 @@ class SubprocVecEnv(VectorEnv):
     Args:
         env_fns: zero-argument callables that build one env each (lambdas and closures are fine).
         num_workers: worker processes, each stepping an equal share of the envs; 0: every env in
-            this process; None: decided by a probe process (`layout` says where and why): this
-            process only for gymnasium's own pure-Python envs too cheap to gain from workers.
+            this process; None: chosen by vecenv/layout.py (`layout` says where and why).
         context: the start method: "forkserver" (default where available), "spawn", "fork".
         shared_memory: keep observations in shared memory where their space allows.
         max_restarts: times a failed or stuck worker may be replaced (its envs' episodes truncated).
@@ -95,17 +91,18 @@ class SubprocVecEnv(VectorEnv):
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
         self._last_obs: Any = None
+        self._env_obs: list[Any] = [None] * n  # observations that came over the pipe
 
         cores = process_control.cores()
         bounded = step_timeout is not None or max_restarts > 0
         probing = {"bound": self._bound, "interrupt": interrupt}
-        workers, basis = layout.choose(env_fns, num_workers, bounded, cores, probe, **probing)
+        workers, facts = layout.choose(env_fns, num_workers, bounded, cores, probe, **probing)
         per_worker = -(-n // workers) if workers else n
         slices = [slice(lo, min(lo + per_worker, n)) for lo in range(0, n, per_worker)]
         self.num_workers = len(slices) if workers else 0
-        spin = (DEFAULT_SPIN if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
+        spin = (0.02 if self.num_workers <= cores else 0.0) if worker_spin is None else worker_spin
         self.worker_spin = spin if workers else 0.0
-        self.step_seconds = basis.get("step")  # the probe's CPU seconds a step; None: not timed
+        self.step_seconds = facts.get("step")  # the probe's CPU seconds a step; None: not timed
 
         try:
             context = context or process_control.default_context()
@@ -113,7 +110,15 @@ class SubprocVecEnv(VectorEnv):
                 self._pool = WorkerPool(env_fns, slices, context, self.worker_spin, close_timeout, interrupt)
             else:
                 self._pool = InProcessPool(env_fns, interrupt)
-            self._set_spaces(*self._pool.describe_envs(self._bound), shared_memory)
+            spaces, metadata, self.render_mode = self._pool.describe_envs(self._bound)
+            # spaces and metadata from env 0, every env checked against them
+            self.single_observation_space, self.single_action_space = spaces[0]
+            check_spaces(spaces, spaces[0])
+            self.observation_space = batch_space(spaces[0][0], n)
+            self.action_space = batch_space(spaces[0][1], n)
+            self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
+            offsets, size, self._obs_in_shm, self._actions_in_shm = shared_block.layout(n, *spaces[0], shared_memory)
+            self._views = shared_block.views(self._pool.attach(size, offsets, self._obs_in_shm, self._bound), offsets)
         except BaseException:
             self.close(timeout=1.0)
             raise
@@ -127,7 +132,7 @@ class SubprocVecEnv(VectorEnv):
             rows = {name: view[g] for name, view in self._views.items()}
             self._group_of[g.start, g.stop, g.step] = g, workers, rows, sum(1 << w for w in workers)
         self._group_of[None] = self._group_of[0, n, None]
-        self.placement, reasons = layout.describe(n, self.num_workers, basis, len(self.groups))
+        self.placement, reasons = layout.describe(n, self.num_workers, facts, len(self.groups))
         self.layout = f"{self.placement} ({reasons})" if reasons else self.placement
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
@@ -173,10 +178,7 @@ class SubprocVecEnv(VectorEnv):
         self._state = AsyncState.DEFAULT
         infos: dict[str, Any] = {}
         for w in self._reset_workers:
-            obs_list, env_infos = self._pool.replies.pop(w)
-            for k, info in env_infos:
-                infos = self._add_info(infos, info, self._pool.slices[w].start + k)
-            self._store_obs(w, obs_list)
+            infos = self._take_reply(w, self._pool.replies.pop(w), infos)
         self._last_obs = self._observations()
         return self._last_obs, infos
 
@@ -220,9 +222,8 @@ class SubprocVecEnv(VectorEnv):
         self._stepping |= bits
         for w in workers:
             sl = self._pool.slices[w]
-            self._pool.send(
-                w, Command.STEP, None if in_shm else actions[sl.start - group.start : sl.stop - group.start]
-            )
+            rows = slice(sl.start - group.start, sl.stop - group.start)
+            self._pool.send(w, Command.STEP, None if in_shm else actions[rows])
 
     def step_wait(self, timeout: float | None = None, group: slice | None = None):
         """Waits for the step `step_async` sent. The envs of a worker replaced within `max_restarts`
@@ -253,17 +254,8 @@ class SubprocVecEnv(VectorEnv):
         for w in workers:
             if w in restarted:
                 infos = self._report_restart(w, restarted[w], last_obs, infos)
-                continue
-            reply = self._pool.replies.pop(w)
-            if reply is None:
-                continue
-            obs_list, extras = reply
-            sl = self._pool.slices[w]
-            for k, final, info in extras:
-                if final is not None:
-                    infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, sl.start + k)
-                infos = self._add_info(infos, info, sl.start + k)
-            self._store_obs(w, obs_list)
+            elif (reply := self._pool.replies.pop(w)) is not None:  # None: only the block changed
+                infos = self._take_reply(w, reply, infos)
         if group is self._everyone:
             self._last_obs = obs = self._observations()
         else:  # the group's rows, of arrays of every env (groups split only observations in shared memory)
@@ -272,11 +264,9 @@ class SubprocVecEnv(VectorEnv):
         return obs, views["rewards"].copy(), views["terminations"].copy(), views["truncations"].copy(), infos
 
     def _group(self, group: slice | None) -> tuple[slice, list[int], dict[str, np.ndarray], int]:
-        """The envs of `group` (None: all), the workers that step them, their rows of the block, and a
-        bit for each of those workers."""
-        if group is None:
-            return self._group_of[None]
-        if (found := self._group_of.get((group.start, group.stop, group.step))) is None:
+        """The envs of `group` (None: all), their workers, their rows of the block, a bit per worker."""
+        found = self._group_of.get(None if group is None else (group.start, group.stop, group.step))
+        if found is None:
             raise ValueError(f"group must be one of envs.groups, {self.groups}, got {group}")
         return found
 
@@ -335,10 +325,9 @@ class SubprocVecEnv(VectorEnv):
             if before is not None:
                 self._command("load_env_states", Command.LOAD_STATES, lambda sl: before["envs"][sl])
             raise ValueError(failed[0] + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
+        self._env_obs = list(iterate(self.observation_space, obs))  # read where spaces shared memory cannot hold
         if self._obs_in_shm:
             self._views["obs"][...] = obs
-        else:
-            self._env_obs = list(iterate(self.observation_space, obs))
         self._last_obs = obs
         return obs
 
@@ -394,28 +383,6 @@ class SubprocVecEnv(VectorEnv):
         replies = [self._pool.replies.pop(w) for w in range(len(self._pool.slices))]
         return [result for reply in replies if reply is not None for result in reply]
 
-    def _set_spaces(self, spaces: list, metadata: dict, render_mode: str | None, shared_memory: bool) -> None:
-        """Spaces and metadata from env 0, every env checked against them; then the shared block."""
-        self.single_observation_space, self.single_action_space = spaces[0]
-        self._check_spaces(0, spaces)
-        self.observation_space = batch_space(spaces[0][0], self.num_envs)
-        self.action_space = batch_space(spaces[0][1], self.num_envs)
-        self.metadata = dict(metadata, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.render_mode = render_mode
-        offsets, size, self._obs_in_shm, self._actions_in_shm = shared_block.layout(
-            self.num_envs, *spaces[0], shared_memory
-        )
-        self._views = shared_block.views(self._pool.attach(size, offsets, self._obs_in_shm, self._bound), offsets)
-        self._env_obs: list[Any] = [None] * self.num_envs  # observations that came over the pipe
-
-    def _check_spaces(self, first: int, spaces: list) -> None:
-        for i, (obs_space, act_space) in enumerate(spaces, start=first):
-            if obs_space != self.single_observation_space or act_space != self.single_action_space:
-                raise RuntimeError(
-                    f"env {i} has observation space {obs_space} and action space {act_space}, but env 0 has "
-                    f"{self.single_observation_space} and {self.single_action_space}; all envs must match"
-                )
-
     def _check_usable(self, name: str, group_bits: int = 0) -> None:
         """Raises unless `name` may be called now (on a group's workers, `group_bits`: while another group steps)."""
         if self.closed:
@@ -455,11 +422,12 @@ class SubprocVecEnv(VectorEnv):
             for w, error in sorted(failures.items()):
                 self.restarts += 1
                 first_line = str(error).splitlines()[0]
-                _log.warning(
+                logging.getLogger(__name__).warning(
                     f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
                     f"{self.restarts} of {self.max_restarts}: {first_line}"
                 )
-            rebuilt, failures = self._pool.restart(sorted(failures), self._bound, self._check_spaces)
+            expected = (self.single_observation_space, self.single_action_space)
+            rebuilt, failures = self._pool.restart(sorted(failures), self._bound, expected)
             replies.update(rebuilt)
             if failures and self.restarts + len(failures) > self.max_restarts:
                 self._raise(failures)
@@ -467,21 +435,28 @@ class SubprocVecEnv(VectorEnv):
 
     def _report_restart(self, w: int, reply: tuple, last_obs: list, infos: dict) -> dict:
         """A restarted worker's envs: truncated, reward 0, the last observation as final_obs."""
-        obs_list, reset_infos = reply
         sl = self._pool.slices[w]
+        extras = []
         views = self._views
-        for i in range(sl.start, sl.stop):
-            views["rewards"][i], views["terminations"][i], views["truncations"][i] = 0.0, False, True
-            infos = self._add_info(infos, {"final_obs": last_obs[i], "final_info": {"worker_restart": True}}, i)
-            infos = self._add_info(infos, dict(reset_infos[i - sl.start][1], worker_restart=True), i)
-        self._store_obs(w, obs_list)
-        return infos
+        views["rewards"][sl], views["terminations"][sl], views["truncations"][sl] = 0.0, False, True
+        for k, _, info in reply[1]:
+            final = (last_obs[sl.start + k], {"worker_restart": True})
+            extras.append((k, final, dict(info, worker_restart=True)))
+        return self._take_reply(w, (reply[0], extras), infos)
 
-    def _store_obs(self, w: int, obs_list: list | None) -> None:
-        """Observations that came over the pipe (spaces shared memory cannot hold)."""
+    def _take_reply(self, w: int, reply: tuple, infos: dict) -> dict:
+        """Worker w's infos (final_obs and final_info of envs that ended) added to `infos`, and the
+        observations that came over the pipe (spaces shared memory cannot hold) kept."""
+        obs_list, extras = reply
+        start = self._pool.slices[w].start
+        for k, final, info in extras:
+            if final is not None:
+                infos = self._add_info(infos, {"final_obs": final[0], "final_info": final[1]}, start + k)
+            infos = self._add_info(infos, info, start + k)
         for k, obs in enumerate(obs_list or []):
             if obs is not None:
-                self._env_obs[self._pool.slices[w].start + k] = obs
+                self._env_obs[start + k] = obs
+        return infos
 
     def _observations(self):
         if self._obs_in_shm:

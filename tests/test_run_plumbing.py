@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,10 +115,13 @@ def test_check_env_id(tmp_path, monkeypatch):
         flags.check_env_id("my_envs:MyEnv-v0")
 
 
-def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch):
-    """An import in the probe's own start that fails (a copy of the package broken, say): the line
-    says the probe could not start, with its error, and does not blame the env."""
-    monkeypatch.setattr(layout, "_BOOT", layout._BOOT.replace("import probe_main", "import no_such_name"))
+def test_a_probe_that_cannot_start_says_its_own_error_not_the_envs(monkeypatch, tmp_path):
+    """An import in the probe's own start that fails (a copy of the package broken): the line says
+    the probe could not start, with its error, and does not blame the env."""
+    shutil.copytree(REPO / "common", tmp_path / "common")
+    broken = tmp_path / "common" / "vecenv" / "layout.py"
+    broken.write_text(broken.read_text().replace("import Channel", "import no_such_name"))
+    monkeypatch.setattr(layout, "_ROOT", str(tmp_path))  # the probe runs the broken copy
     with pytest.raises(FlagError) as info:
         flags.probe_env("CartPole-v1", lambda: gym.make("CartPole-v1"), 60, None)
     assert str(info.value).startswith(

@@ -83,6 +83,16 @@ def check_layout(num_workers: int | None, step_timeout: float | None, max_restar
         )
 
 
+def check_spaces(spaces: list[tuple], expected: tuple, first: int = 0) -> None:
+    """RuntimeError unless every env's (observation space, action space) is `expected` (env 0's)."""
+    for i, (obs_space, act_space) in enumerate(spaces, start=first):
+        if (obs_space, act_space) != expected:
+            raise RuntimeError(
+                f"env {i} has observation space {obs_space} and action space {act_space}, but env 0 has "
+                f"{expected[0]} and {expected[1]}; all envs must match"
+            )
+
+
 def check_reset_mask(mask: Any, n: int) -> np.ndarray:
     """options["reset_mask"], checked as gymnasium's vector envs check it."""
     if not isinstance(mask, np.ndarray):

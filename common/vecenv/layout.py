@@ -2,13 +2,13 @@
 neither hang nor kill it and are faster there, else in workers; alike on a busy minute and a quiet
 one, no env code run here.
 
-`probe` builds one env in a process of its own (bounded, importing neither the main script nor
-torch, ending with what the env started). Only gymnasium's own pure-Python envs under its wrappers
-are TRUSTED: their steps are timed there in CPU time, each beside a fixed piece of work
-(`reference_work`), and counted in units of it (a busy machine slows both alike). `decide`: if what
-w = min(cores, n) workers save on a step of n envs, units * (n - ceil(n / w)), is under ROUND_TRIP
-(benchmarks/layout_thresholds.py), this process; else w workers, as for any other env or one the
-probe cannot build (the workers then report why)."""
+`probe` builds one env in a process of its own (`python -m` this module: bounded, importing neither
+the main script nor torch, ending with what the env started). Only gymnasium's own pure-Python envs
+under its wrappers are TRUSTED: their steps are timed there in CPU time. `decide`: this process if
+the CPU that w = min(cores, n) workers save on a step of n envs, step * (n - ceil(n / w)), is under
+what their round trip costs; else w workers, as for any other env or one the probe cannot build (the
+workers then report why). The round trip is ROUND_TRIP times the CPU of `reference_work`, timed
+beside the steps: a busy machine slows both alike, so it decides alike."""
 
 from __future__ import annotations
 
@@ -35,26 +35,17 @@ import numpy as np
 from .env_state import chain
 from .errors import WorkerTimeout, error_report
 from .messages import Channel
-from .process_control import STOP_SIGNALS, plural, stop_signals_blocked
+from .process_control import ignore_stop_signals, plural, stop_signals_blocked
 
 TRUSTED = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.", "gymnasium.wrappers.")
-ROUND_TRIP = 20.0  # what a step of workers costs beyond their envs' work, in reference_work() units
-REFERENCE_LOOPS = 60  # reference_work()'s size: about a CartPole step of CPU
+# a step of workers costs this many times reference_work() beyond their envs' work (measured by
+# benchmarks/layout_thresholds.py)
+ROUND_TRIP = 20.0
 STEPPING = 0.02  # CPU seconds of steps the probe times (1 to 200 steps, after 5 not timed)
 STEP_DECIDE = 2.0  # seconds the timing may take before the choice falls to workers
 PROBE_START = 60.0  # seconds the probe may take to start (Python, gymnasium, the env's module)
-# the folder our top package lies in, under whatever name it was copied as: for the probe's imports
+# the folder our top package lies in, under whatever name it was copied as: the probe's cwd
 _ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
-_BOOT = f"""
-import signal
-for signum in {sorted(map(int, STOP_SIGNALS))}: signal.signal(signum, signal.SIG_IGN)
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {sorted(map(int, STOP_SIGNALS))})
-import pickle, sys
-data = pickle.load(sys.stdin.buffer)
-sys.path[:] = data['path']
-from {__package__}.layout import probe_main
-probe_main(data)
-"""
 
 
 class ProbeFailed(Exception):
@@ -67,42 +58,39 @@ class ProbeFailed(Exception):
         self.done = {"make": "built", "start": "built", "reset": "reset", "step": "stepped"}.get(phase, phase)
 
 
-def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, probed: Any, **probing) -> tuple:
-    """The workers for env_fns (0: this process) and the basis: num_workers as asked; workers where
-    steps must be bounded or restarted; else `decide` on a probe of env_fns[-1] (or `probed`)."""
+def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, found: Any, **probing) -> tuple:
+    """The workers for env_fns (0: this process) and the facts: num_workers as asked; workers where
+    steps must be bounded or restarted; else `decide` on what `probe` found of env_fns[-1] (`found`
+    if the caller probed it already)."""
     n = len(env_fns)
     if num_workers is not None or bounded:
         return min(cores, n) if num_workers is None else min(num_workers, n), {}
-    failure = None
-    if probed is None:
-        try:
-            probed = probe(env_fns[-1], index=n - 1, **probing)
-        except ProbeFailed as exc:
-            failure = exc
-    workers, basis = decide(probed, n, cores)
-    if failure is not None:
-        basis["why"] = f"the probe env failed ({failure}); {basis['why']}"
-    return workers, basis
+    try:
+        return decide(found or probe(env_fns[-1], index=n - 1, **probing), n, cores)
+    except ProbeFailed as exc:
+        workers, facts = decide(None, n, cores)
+        return workers, dict(facts, why=f"the probe env failed ({exc}); {facts['why']}")
 
 
 def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: Any = None, check_api=False):
     """Builds env_fn() in a probe process and, for a trusted env, times its steps. Returns
     {"spaces", "origin" (the classes of the env and its wrappers, outermost first), "trusted",
     "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference"
-    (reference_work()'s CPU seconds)}. ProbeFailed if env code raised or the probe died;
-    WorkerTimeout (naming env `index`) past `bound` seconds of building; the interrupt's
+    (reference_work()'s CPU seconds, timed beside the steps)}. ProbeFailed if env code raised or the
+    probe died; WorkerTimeout (naming env `index`) past `bound` seconds of building; the interrupt's
     exception (SubprocVecEnv's `interrupt`). With `check_api`, the env is also reset and stepped
     once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
     parent, child = socket.socketpair()
-    data = {"path": [_ROOT, *sys.path], "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn)}
+    path = [_ROOT, *map(os.path.abspath, sys.path)]  # the probe's cwd is _ROOT, not ours
+    data = {"path": path, "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn)}
     data |= {"registry": _registry(), "trusted": TRUSTED, "check_api": check_api}
     errors = tempfile.TemporaryFile()  # what the probe says if it cannot start: a file never fills
-    command = [sys.executable, "-S", "-c", _BOOT]
-    with stop_signals_blocked():
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": errors}
-        proc = subprocess.Popen(command, **pipes, pass_fds=[child.fileno()], start_new_session=True)
+    options = {"cwd": _ROOT, "pass_fds": [child.fileno()], "start_new_session": True}
+    options |= {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": errors}
+    with stop_signals_blocked():  # until probe_main ignores them
+        proc = subprocess.Popen([sys.executable, "-m", __name__], **options)
     child.close()
-    conn, probed = Channel(parent), {}
+    conn, made = Channel(parent), {}
     phase, deadline = "start", time.monotonic() + PROBE_START
     try:
         proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
@@ -110,7 +98,7 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
         while True:
             msg = _next_message(conn, proc, errors, deadline, interrupt, phase)
             if msg is None and phase == "step":
-                return dict(probed, step=math.inf)  # slower than STEP_DECIDE: not waited for
+                return dict(made, step=math.inf)  # slower than STEP_DECIDE: not waited for
             if msg is None and phase == "start":
                 raise ProbeFailed(phase, f"the probe process did not start within {PROBE_START:g} s")
             if msg is None:
@@ -123,9 +111,9 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
             if kind == "ready":  # started: from now on the env's own work is timed
                 phase, deadline = "make", time.monotonic() + bound
             elif kind == "made" and value["trusted"]:
-                probed, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
+                made, phase, deadline = value, "step", time.monotonic() + STEP_DECIDE
             else:
-                return dict(probed, **value) if kind == "stepped" else dict(value, step=None)
+                return dict(made, **value) if kind == "stepped" else dict(value, step=None)
     finally:
         conn.close()
         errors.close()
@@ -176,8 +164,11 @@ def _ended(proc: subprocess.Popen, errors: Any) -> str:
     return f"{how}: {last}" if last else how
 
 
-def probe_main(data: dict) -> None:
+def probe_main() -> None:
     """The probe process: builds the env, says what it is, times its steps if it may, then ends."""
+    ignore_stop_signals()
+    data = pickle.load(sys.stdin.buffer)
+    sys.path[:] = data["path"]
     conn = Channel(socket.socket(fileno=data["fd"]))
     phase = "make"
     try:
@@ -230,7 +221,7 @@ def _old_api(env: gym.Env) -> str | None:
 def reference_work() -> float:
     """The unit a step is counted in: work like a small env's step (arithmetic, a small array)."""
     total = 0.0
-    for i in range(REFERENCE_LOOPS):
+    for i in range(60):  # about a CartPole step of CPU
         total += math.sin(i) * 0.5
     state = np.array((total, 1.0, 2.0, 3.0), dtype=np.float32)
     return float(state.sum()) if state[0] < 1e9 else 0.0
@@ -256,36 +247,40 @@ def cpu_per_step(env: gym.Env) -> tuple[float, float]:
     return float(np.median(times[5:])), max(float(np.median(references[5:])), 1e-9)
 
 
-def decide(probed: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
-    """The workers (0: this process) for n envs like the probed one (None: failed), and why."""
+def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
+    """The workers (0: this process) for n envs like the one `probe` found (None: it failed), and
+    the facts: the env's "origin", "trusted", "step" (CPU seconds) and "why"."""
     w = max(1, min(cores, n))
-    basis = {key: probed.get(key) for key in ("origin", "trusted", "step", "reference")} if probed else {}
-    if probed is None or not probed["trusted"]:
-        why = "workers bound its waits and outlive its crashes" if probed else "workers report the probe's failure"
-        return w, dict(basis, why=why)
+    facts = {key: found.get(key) for key in ("origin", "trusted", "step")} if found else {}
+    if found is None or not found["trusted"]:
+        why = "workers bound its waits and outlive its crashes" if found else "workers report the probe's failure"
+        return w, dict(facts, why=why)
     if w == 1:
-        return 0, dict(basis, why="one core or one env: nothing to spread")
-    if probed["step"] is None or not math.isfinite(probed["step"]):
-        return w, dict(basis, why="workers save more than they cost")
-    saved = probed["step"] / probed["reference"] * (n - math.ceil(n / w))
-    if saved < ROUND_TRIP:
-        return 0, dict(basis, why=f"workers would save {saved:.1f} units a step, under the {ROUND_TRIP:g} they cost")
-    return w, dict(basis, why=f"workers save {saved:.1f} units a step, over the {ROUND_TRIP:g} they cost")
+        return 0, dict(facts, why="one core or one env: nothing to spread")
+    if found["step"] is None or not math.isfinite(found["step"]):
+        return w, dict(facts, why="workers save more than they cost")
+    saved_us = found["step"] * (n - math.ceil(n / w)) * 1e6  # CPU a step spread over w workers saves
+    round_trip = f"their round trip, {ROUND_TRIP * found['reference'] * 1e6:.0f} us"
+    if saved_us < ROUND_TRIP * found["reference"] * 1e6:
+        return 0, dict(facts, why=f"workers would save {saved_us:.0f} us of CPU a step, under {round_trip}")
+    return w, dict(facts, why=f"workers save {saved_us:.0f} us of CPU a step, over {round_trip}")
 
 
-def describe(n: int, num_workers: int, basis: dict[str, Any], groups: int = 1) -> tuple[str, str]:
+def describe(n: int, num_workers: int, facts: dict[str, Any], groups: int = 1) -> tuple[str, str]:
     """Where the envs step ("8 envs in this process", "... in 2 groups"), and why ("gymnasium's
     CartPoleEnv; ...")."""
-    notes, step, env = [], basis.get("step"), (basis.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
-    if basis.get("origin"):
-        notes.append(f"gymnasium's {env}" if basis["trusted"] else f"{env}, not one of gymnasium's own envs")
+    notes, step, env = [], facts.get("step"), (facts.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
+    if facts.get("origin"):
+        notes.append(f"gymnasium's {env}" if facts["trusted"] else f"{env}, not one of gymnasium's own envs")
     if step is not None and math.isfinite(step):
-        units = step / basis["reference"]
-        cpu = f"one step {step * 1e6:.0f} us of CPU in a probe process"
-        notes.append(f"{cpu}, {units:.2f} units of reference work timed beside it")
+        notes.append(f"one step {step * 1e6:.0f} us of CPU in a probe process")
     elif step is not None:
         notes.append(f"a step took over {STEP_DECIDE:g} s in a probe process")
-    notes += [basis["why"]] if basis.get("why") else []
+    notes += [facts["why"]] if facts.get("why") else []
     where = "this process" if num_workers == 0 else plural(num_workers, "worker process")
     where += f", stepped in {groups} groups" if groups > 1 else ""
     return f"{plural(n, 'env')} in {where}", "; ".join(notes)
+
+
+if __name__ == "__main__":
+    probe_main()

@@ -22,7 +22,7 @@ import cloudpickle
 import gymnasium as gym
 
 from . import process_control
-from .errors import WorkerError, WorkerTimeout, error_report, first_failure, remote_error
+from .errors import WorkerError, WorkerTimeout, check_spaces, error_report, first_failure, remote_error
 from .messages import Channel, poll_without_sleeping
 from .shared_block import anonymous_file, views
 from .worker import Command, EnvGroup, Reply, close_envs, describe, encode, worker_main
@@ -265,8 +265,9 @@ class WorkerPool:
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    def restart(self, ws: list[int], timeout: float, check_spaces: Callable[[int, list], None]) -> tuple[dict, dict]:
-        """Replaces workers `ws` together, resets their envs: ({w: reset reply}, {w: failure})."""
+    def restart(self, ws: list[int], timeout: float, expected: tuple) -> tuple[dict, dict]:
+        """Replaces workers `ws` together, resets their envs (their spaces checked against `expected`):
+        ({w: reset reply}, {w: failure})."""
         for w in ws:
             self._unwatch(w)
             self.conns[w].close()
@@ -279,7 +280,7 @@ class WorkerPool:
             self._start(w)
         failures: dict[int, Exception] = {}
         for w in self._rebuilt(ws, timeout, failures):
-            check_spaces(self.slices[w].start, self.replies.pop(w)[0])
+            check_spaces(self.replies.pop(w)[0], expected, first=self.slices[w].start)
             self._attach(w)
         for w in self._rebuilt(ws, timeout, failures):
             n = len(self.envs_of(w))

@@ -129,7 +129,7 @@ class EnvGroup:
                 obs_list.append(None)
                 continue
             obs, info = env.reset(seed=seeds[k], options=options)
-            infos.append((k, info))
+            infos.append((k, None, info))  # as step's extras: (k, final, info)
             self._store(k, obs, obs_list)
         return obs_list if self.obs_view is None else None, infos
 

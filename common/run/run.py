@@ -387,9 +387,8 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """The envs closed, the writer flushed; on rank 0 summary.json, the closing line (left to
-        Run.cli to print last) and the folder let go. A run stopped while it evaluates its last
-        checkpoint is done."""
+        """On rank 0, summary.json and the closing line (Run.cli prints it last). A run stopped while it
+        evaluates its last checkpoint is done."""
         if self.envs is not None:
             self.envs.__exit__(*sys.exc_info())  # (with the failure that ends the run, if one does)
         with contextlib.suppress(OSError):  # a full or read-only disk: the run's own line says so

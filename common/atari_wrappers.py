@@ -63,11 +63,9 @@ class AtariPipeline(gym.Wrapper):
         """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
         obs, reward, terminated, truncated, info = self._skip(action, resize)
         self.game_over = terminated or truncated
-        lives = self.ale.lives()
-        if 0 < lives < self.lives:
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
+        lost_life = 0 < self.ale.lives() < self.lives
+        self.lives = self.ale.lives()
+        return obs, reward, terminated or lost_life, truncated, info
 
     def _life_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
         """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op
@@ -123,11 +121,10 @@ class AtariPipeline(gym.Wrapper):
     def _info(self, ended: bool) -> dict[str, Any]:
         """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game
         ended."""
-        ale = self.ale
         info = {
-            "lives": ale.lives(),
-            "episode_frame_number": ale.getEpisodeFrameNumber(),
-            "frame_number": ale.getFrameNumber(),
+            "lives": self.ale.lives(),
+            "episode_frame_number": self.ale.getEpisodeFrameNumber(),
+            "frame_number": self.ale.getFrameNumber(),
         }
         if ended:
             elapsed, self.game_start = round(time.perf_counter() - self.game_start, 6), time.perf_counter()

@@ -1,7 +1,8 @@
-"""gymnasium's NormalizeObservation and NormalizeReward, computed in the trainer for a batch of envs
-at once: what CleanRL's scripts get from gymnasium's wrappers in each env (tested against them to
-the bit), at a fraction of the cost. Both are torch modules only to keep their statistics in
-checkpoints (buffers); they compute in numpy, on numpy views of those buffers, updated in place."""
+"""gymnasium's NormalizeObservation and NormalizeReward, for a batch of envs at once in the trainer.
+
+What CleanRL's scripts get from gymnasium's wrappers in each env (tested against them to the bit), at a
+fraction of the cost. Both are torch modules only to keep their statistics in checkpoints (buffers);
+they compute in numpy, on numpy views of those buffers, updated in place (loading copies into them)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ class ObsNormalizer(nn.Module):
     def __init__(self, obs_dim: int, enabled: bool):
         super().__init__()
         self.enabled = enabled
-        for name, value in [("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:  # in checkpoints
+        for name, value in [("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:
             shape = () if name == "count" else (obs_dim,)
             self.register_buffer(name, torch.full(shape, value, dtype=torch.float64))
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]
 
     def forward(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
-        """Args:
+        """Normalizes a batch of observations.
+
+        Args:
             obs: a batch of observations, (n, obs_dim).
             update: add them to the running statistics first (False: evaluation, bootstrap values).
 
@@ -50,14 +53,16 @@ class RewardScaler(nn.Module):
         super().__init__()
         self.gamma = gamma
         for name, value in [("returns", 0.0), ("mean", 0.0), ("var", 1.0), ("count", 1e-4)]:
-            self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))  # in checkpoints
-        self.arrays = [buffer.numpy() for buffer in self.buffers()]  # views: loading copies into them
+            self.register_buffer(name, torch.full((num_envs,), value, dtype=torch.float64))
+        self.arrays = [buffer.numpy() for buffer in self.buffers()]
 
     def forward(self, rewards: np.ndarray, terminations: np.ndarray, envs: slice = slice(None)) -> np.ndarray:
-        """Args:
-            rewards, terminations: one step of the envs `envs` (all by default): each env's discounted
-                return and its running variance are updated with them (a termination ends the return).
-            envs: which envs of the num_envs they are.
+        """Scales one step's rewards, each env's by its discounted return's running std, updated first.
+
+        Args:
+            rewards: the rewards of the envs `envs`.
+            terminations: their terminations (a termination ends an env's discounted return).
+            envs: which envs of the num_envs they are (all by default).
 
         Returns:
             rewards / sqrt(var + 1e-8), clipped to +-10."""

@@ -49,10 +49,8 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
 
 
 def schedules(args: Any) -> dict[str, str]:
-    """The flags of args (a script's Args) that are on and take a value linearly to 0 over
-    --total-timesteps, each with that value's field: its Args' SCHEDULED (ppo_vec.py: {"anneal_lr":
-    "learning_rate"}). A resume that changes that number says how each moves; a sweep reuses such a
-    run for no other number."""
+    """The flags of its Args' SCHEDULED that are on ({"anneal_lr": "learning_rate"}: the flag, and the
+    value it takes linearly to 0 over --total-timesteps)."""
     return {name: value for name, value in getattr(type(args), "SCHEDULED", {}).items() if getattr(args, name, False)}
 
 
@@ -62,26 +60,11 @@ def scheduled(record: dict[str, Any]) -> bool:
 
 
 def to_run_with(args: Any, named: frozenset[str], script: str) -> tuple[Any, dict | None, str, list[str]]:
-    """The flags a run goes with, and the checkpoint they come from.
-
+    """The flags to run with, the checkpoint they come from (None for a new run), where it came from
+    and notes for the start line; FlagError for a missing or damaged checkpoint, or a change it refuses.
     --resume (or --run-id, of a run that saved) goes on with the run's own flags, but for those the command
     line may change (TOLERATED ones, and --total-timesteps); --eval-checkpoint evaluates with them and the
-    command line's TOLERATED ones.
-
-    Args:
-        args: the flags as parsed.
-        named: the fields the command line named.
-        script: the script's file name, for messages.
-
-    Returns:
-        The flags to run with.
-        The checkpoint (None for a new run).
-        Where it came from ("--resume <file>"; messages start with it).
-        Notes for the start line.
-
-    Raises:
-        FlagError: the checkpoint is missing or damaged, or the command line asks what it cannot change.
-    """
+    command line's TOLERATED ones."""
     if args.resume is not None and args.eval_checkpoint is not None:
         raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
     path = args.resume if args.resume is not None else args.eval_checkpoint
@@ -233,7 +216,6 @@ def check_words(args_type: type, argv: list[str], script: str) -> None:
     or `--no-flag`. What else the parser refuses it says itself, in its own box."""
     spelled = spellings(args_type)
     switches = {name for name, field in spelled.items() if "bool" in str(args_type.__dataclass_fields__[field].type)}
-    # each word with the next
     for word, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
         name = word.split("=", 1)[0]
         if name.startswith("--") and name not in spelled and name != "--help":

@@ -11,12 +11,12 @@ from typing import Any
 
 
 class Progress:
-    """SPS, the progress line (every `every` seconds, and for the first and last iterations), and a
-    summary's numbers over every segment of a resumed run (`earlier`: its summary.json)."""
+    """SPS, the progress line (every 2 s, and for the first and last iterations), and a summary's
+    numbers over every segment of a resumed run (`earlier`: its summary.json)."""
 
-    def __init__(self, last_step: int, first_step: int, prints: bool, recent: list, earlier: dict, every=2.0):
+    def __init__(self, last_step: int, first_step: int, prints: bool, recent: list, earlier: dict):
         self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
-        self.prints, self.every = prints, every
+        self.prints = prints
         self.recent_returns = collections.deque(recent, maxlen=20)
         self.start = self.last_print = time.time()
         self.first_logged: tuple[int, float] | None = None  # the first iteration's end: where the ETA counts from
@@ -54,7 +54,7 @@ class Progress:
         for name, seconds in timings.items():
             writer.add_scalar(f"perf/{name}_seconds", seconds, global_step)
         writer.add_scalar("charts/worker_restarts", restarts, global_step)
-        print_now = self.first_logged is None or time.time() - self.last_print >= self.every
+        print_now = self.first_logged is None or time.time() - self.last_print >= 2.0
         if self.prints and (print_now or global_step >= self.last_step):
             self.last_print = time.time()
             print(self.line(global_step, timings), flush=True)

@@ -1,7 +1,5 @@
-"""A run of several ranks under torchrun: what they decide together. RankedRun is Run where every
-rank keeps its own generators and envs (rank 0 gathers and writes them), a stop is agreed by all,
-and episodes and restarts are gathered on rank 0. The script starts the process group itself
-(dist.init_process_group); the end of RankedRun.start destroys it."""
+"""A run of several ranks under torchrun, RankedRun: what they decide together. The script starts the
+process group itself (dist.init_process_group); the end of RankedRun.start destroys it."""
 
 from __future__ import annotations
 
@@ -27,8 +25,9 @@ class LostRank(RuntimeError):
 class RankedRun(Run):
     """Run, as rank `rank` of `world_size` (torchrun's RANK and WORLD_SIZE); plain `python` is one
     rank without a process group. The model and optimizer are rank 0's (DDP keeps them equal);
-    generators and envs are every rank's. Its methods that every rank must call, at the same
-    points: make_envs, iterations, stop_if_asked, mean_over_ranks, log (each holds a collective)."""
+    generators and envs are every rank's (rank 0 gathers and writes them), and so are the episodes
+    and restarts it logs. Its methods that every rank must call, at the same points: make_envs,
+    iterations, stop_if_asked, mean_over_ranks, log (each holds a collective)."""
 
     ENVS_FLAG = "local_num_envs"
     SAVED_ON = (*Run.SAVED_ON, LostRank, dist.DistError)  # DistError: NCCL's, from DDP's backward
@@ -62,11 +61,10 @@ class RankedRun(Run):
                 dist.destroy_process_group()
 
     def _collective(self, collective: Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """collective(*args, **kwargs), one of torch.distributed's collectives. Where a peer is gone, gloo
-        raises a bare RuntimeError (torch 2.13: all_reduce, gather_object, DDP's backward) and NCCL a
-        DistBackendError (a RuntimeError too): no type tells them from other failures, so a failed
-        collective of ours is taken for a lost rank, LostRank. DDP's backward is not ours: under
-        gloo a rank lost there ends in its traceback."""
+        """collective(*args, **kwargs), a failure taken for a lost rank (LostRank): where a peer is gone,
+        gloo raises a bare RuntimeError and NCCL a DistBackendError (a RuntimeError too), so no type
+        tells it from other failures. DDP's backward is not ours: under gloo a rank lost there ends in
+        its traceback."""
         try:
             return collective(*args, **kwargs)
         except RuntimeError as exc:
@@ -103,7 +101,8 @@ class RankedRun(Run):
         whether to keep the next boundary's state (if any rank's rule says so)."""
         if not self.distributed:
             return super().stop_if_asked()
-        asked = torch.tensor([self.stop.signum or 0, int(self._keep_due())], device=self._collective_device())
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        asked = torch.tensor([self.stop.signum or 0, int(self._keep_due())], device=device)
         self._collective(dist.all_reduce, asked, op=dist.ReduceOp.MAX)
         self.keep_next = bool(asked[1].item())
         if asked[0].item():
@@ -124,9 +123,6 @@ class RankedRun(Run):
         all_ranks = self._gather((episodes, self.envs.restarts))
         episodes = [episode for ranks_episodes, _ in all_ranks for episode in ranks_episodes]
         self.progress.log(self.writer, global_step, episodes, sum(r for _, r in all_ranks), timings)
-
-    def _collective_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _gather(self, obj: Any) -> list:
         """Every rank's `obj`, on rank 0 (which alone logs and saves); [] on the others."""

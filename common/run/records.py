@@ -215,11 +215,10 @@ def copy_state(state: Any) -> Any:
     deepcopy's time)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
-    if type(state) in (list, tuple) or isinstance(state, dict):
-        copied = {
-            key: copy_state(value) for key, value in (state.items() if isinstance(state, dict) else enumerate(state))
-        }
-        return copied if isinstance(state, dict) else type(state)(copied.values())
+    if isinstance(state, dict):
+        return {key: copy_state(value) for key, value in state.items()}
+    if type(state) in (list, tuple):
+        return type(state)(copy_state(value) for value in state)
     return copy.deepcopy(state)
 
 

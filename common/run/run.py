@@ -26,7 +26,7 @@ from .stops import Stopped
 
 # a boundary's state is kept once this many times what keeping the last one took has passed
 KEEP_EVERY = 50
-# seconds a failed env waits for the stop signal that may be on its way (a scheduler signals every process)
+# seconds a failed env waits for the stop signal that may be on its way
 SIGNAL_LAG = 1.0
 TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
 
@@ -119,7 +119,17 @@ class Run:
             FlagError: a checkpoint that does not fit `state` or these ranks.
             Finished: nothing left to do.
         """
-        self._open(device, num_iterations, steps, state)
+        state = {**state, "torch_rng": torch.default_generator}
+        if device.type == "cuda":
+            torch.cuda.init()  # (default_generators is empty until then)
+            state["torch_cuda_rng"] = torch.cuda.default_generators[torch.cuda.current_device()]
+        self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps, state
+        earlier = self._resume() if self.args.resume is not None else {}
+        if self.is_main and self.args.resume is None:
+            self.dir = records.make_run_dir(self.args, self.command_line, steps, self.world_size)
+        first, recent = (self.start_iteration - 1) * steps, (self.checkpoint or {}).get("recent_returns", [])
+        self.progress = progress.Progress(num_iterations * steps, first, self.is_main, recent, earlier)
+        self.writer = progress.open_writer(self.dir, self.args, first) if self.is_main else progress.NoWriter()
         status = "failed"
         try:
             yield self.writer
@@ -138,21 +148,6 @@ class Run:
             raise
         finally:
             self._close(status)
-
-    def _open(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> None:
-        """The state a resume puts back, the folder (the resumed run's, or a new one), the progress
-        line's counters and the writer."""
-        state = {**state, "torch_rng": torch.default_generator}
-        if device.type == "cuda":
-            torch.cuda.init()  # (default_generators is empty until then)
-            state["torch_cuda_rng"] = torch.cuda.default_generators[torch.cuda.current_device()]
-        self.device, self.num_iterations, self.steps, self.state = device, num_iterations, steps, state
-        earlier = self._resume() if self.args.resume is not None else {}
-        if self.is_main and self.args.resume is None:
-            self.dir = records.make_run_dir(self.args, self.command_line, steps, self.world_size)
-        first, recent = (self.start_iteration - 1) * steps, (self.checkpoint or {}).get("recent_returns", [])
-        self.progress = progress.Progress(num_iterations * steps, first, self.is_main, recent, earlier)
-        self.writer = progress.open_writer(self.dir, self.args, first) if self.is_main else progress.NoWriter()
 
     def _resume(self) -> dict:
         """Puts the checkpoint's state into `state`, then holds the run's folder; its summary so far."""
@@ -218,9 +213,7 @@ class Run:
             raise RuntimeError("run.make_envs is called inside `with run.start(...)`: the envs close with the run")
         envs, note = self._build_envs(make_env, num_envs, self.args.num_workers, self.stop, groups)
         first_seed = seed + self.world_size * (self.start_iteration - 1) * num_envs
-        next_obs, why = self._env_states(envs), ""
-        if isinstance(next_obs, str):
-            next_obs, why = None, next_obs
+        next_obs, why = self._load_env_states(envs) if self.args.resume is not None else (None, "")
         if next_obs is None:
             next_obs = envs.reset(seed=first_seed)[0]
         line = f"{self.args.env_id}, {envs.placement}, {self.device}{note(first_seed)}"
@@ -239,20 +232,18 @@ class Run:
         self.envs = SubprocVecEnv(env_fns, interrupt=interrupt, **placed, **bounds)
         return self.envs, lambda first_seed: ""
 
-    def _env_states(self, envs: SubprocVecEnv) -> Any:
-        """The observations of the envs put back as the checkpoint holds them, None for a new run,
-        or why they start fresh episodes."""
-        if self.args.resume is None:
-            return None
+    def _load_env_states(self, envs: SubprocVecEnv) -> tuple[Any, str]:
+        """The observations of the envs as the checkpoint left them, or None and why not."""
         saved = self.checkpoint.get("env_states", [None] * self.world_size)[self.rank]
         if saved is None:
-            return "its envs could not be saved: an env class of yours says `pickle_state = True` if its state is data"
+            why = "an env class of yours says `pickle_state = True` if its state is data"
+            return None, f"its envs could not be saved: {why}"
         if isinstance(saved, bytes):
-            return "an older version pickled its env states: they are not loaded, as no pickle is"
+            return None, "an older version pickled its env states: they are not loaded, as no pickle is"
         try:
-            return envs.load_env_states(saved)
+            return envs.load_env_states(saved), ""
         except ValueError as exc:
-            return f"its env states do not fit these envs: {records.one_line(exc)}"
+            return None, f"its env states do not fit these envs: {records.one_line(exc)}"
 
     def iterations(self) -> Iterator[int]:
         """Yields the iterations left to do (from 1).
@@ -396,9 +387,8 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """The envs closed, the writer flushed; on rank 0 summary.json, the closing line (left to
-        Run.cli to print last) and the folder let go. A run stopped while it evaluates its last
-        checkpoint is done."""
+        """On rank 0, summary.json and the closing line (Run.cli prints it last). A run stopped while it
+        evaluates its last checkpoint is done."""
         if self.envs is not None:
             self.envs.__exit__(*sys.exc_info())  # (with the failure that ends the run, if one does)
         with contextlib.suppress(OSError):  # a full or read-only disk: the run's own line says so

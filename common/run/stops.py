@@ -3,8 +3,7 @@ points, never exceptions thrown into library code (docs/runs.md). The handler on
 request; the loop checks it at safe points (`check`) and every wait of the trainer wakes on it
 (`fileno`). A thread sees each signal as it arrives (signal.set_wakeup_fd) and bounds the stop: past
 STOP_WITHIN seconds it ends the process, as a second Ctrl-C does unless it comes within SAME_STOP
-seconds of the first (a launcher forwarding it).
-"""
+seconds of the first (a launcher forwarding it)."""
 
 from __future__ import annotations
 
@@ -33,11 +32,10 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """A process's stop request: `signum` (None until a stop signal arrives), `check()` at safe
-    points, `fileno()` for waits to wake on. `install()` (main thread) makes the stop signals
-    requests (but SIGHUP where nohup ignores it); Run.cli installs one for the script `script`. With
-    `at_once` set, a stop ends the process at once (a wait in C code no signal interrupts, before
-    there is anything to save)."""
+    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (main thread,
+    Run.cli's) makes the stop signals requests (but SIGHUP where nohup ignores it). With `at_once`
+    set, a stop ends the process at once (a wait in C code no signal interrupts, before there is
+    anything to save)."""
 
     def __init__(self, script: str = "python") -> None:
         self.script = script  # what its own lines start with

@@ -1,6 +1,6 @@
 """What a step of SubprocVecEnv's workers costs beyond their envs' work here: the ROUND_TRIP its
-default layout is decided with (common/vecenv/layout.py), measured in units of
-layout.reference_work(), and the rule checked against real envs.
+default layout is decided with (common/vecenv/layout.py), a ratio to the CPU of
+layout.reference_work() ("units" below), and the rule checked against real envs.
 
     python benchmarks/layout_thresholds.py                 # writes benchmarks/results/layout_thresholds.md
     python benchmarks/layout_thresholds.py --repetitions 9 --seconds 0.5

@@ -41,6 +41,11 @@ def assert_same(actual, expected, path: str = "result") -> None:
         assert type(actual) is type(expected) and actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
+def learning_curves(run_dir: Path) -> dict:
+    """Every scalar a run logged but those that time it (SPS, perf/*)."""
+    return {tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS" and "perf/" not in tag}
+
+
 def LONG(*values) -> list:  # noqa: N802 - reads as a marker in a parametrize list
     """Parameters of an end-to-end test that repeat its case at other timings or fault kinds: `-m
     long` runs them (the README's test command runs the first one of each)."""

@@ -48,7 +48,7 @@ def test_the_planted_pickle_would_run(tmp_path):
 CASES = [
     (VEC, [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"], 128),  # envs in the trainer
     (VEC, [*VEC_TINY, "--env-id", "Pendulum-v1", "--num-workers", "2"], 128),  # in workers
-    (ATARI, ATARI_TINY, 16),  # the emulators' own states
+    pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' own states
 ]
 
 

@@ -35,8 +35,13 @@ CASES = [
     (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "0"], 128),  # in the trainer
     # in workers, each env's statistics
     (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedPendulum-v1", "--num-workers", "2"], 128),
-    # in two groups of workers, one stepping while the other's actions are drawn
-    (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "2", "--overlap"], 128),
+    # in two groups of workers, one stepping while the other's actions are drawn (in CI: the two-rank Ctrl-C below)
+    pytest.param(
+        VEC,
+        [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "2", "--overlap"],
+        128,
+        marks=pytest.mark.long,
+    ),
     pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' states (two ranks: below)
 ]
 

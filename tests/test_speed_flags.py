@@ -12,7 +12,18 @@ import pytest
 import torch
 
 import ppo_atari_multigpu
-from tests.helpers import ATARI, ATARI_TINY, VEC, VEC_TINY, only_run_dir, read_scalars, run_script, start_training, stop
+from tests.helpers import (
+    ATARI,
+    ATARI_TINY,
+    VEC,
+    VEC_TINY,
+    learning_curves,
+    only_run_dir,
+    read_scalars,
+    run_script,
+    start_training,
+    stop,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -21,16 +32,15 @@ def final_state(run_dir) -> dict:
     return torch.load(next(run_dir.glob("*.cleanrl_model")), weights_only=True)
 
 
-def learning_curves(run_dir) -> dict:
-    """Every scalar a run logged but those that time it (SPS, perf/*)."""
-    return {tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS" and "perf/" not in tag}
-
-
 @pytest.mark.parametrize(
     ("script", "args"),
     [
         (VEC, [*VEC_TINY, "--num-workers", "2", "--total-timesteps", "1280"]),
-        (ATARI, [*ATARI_TINY, "--local-num-envs", "4", "--num-workers", "2", "--total-timesteps", "1024"]),
+        pytest.param(
+            ATARI,
+            [*ATARI_TINY, "--local-num-envs", "4", "--num-workers", "2", "--total-timesteps", "1024"],
+            marks=pytest.mark.long,
+        ),
     ],
     ids=["cartpole", "atari"],
 )
@@ -76,6 +86,7 @@ def test_compile_trains_and_a_stopped_compiled_run_resumes_weight_for_weight(tmp
     assert len(losses) == 20 and all(torch.isfinite(torch.tensor(value)) for _, value in losses)
 
 
+@pytest.mark.long
 def test_the_compiled_atari_update_trains_beside_the_overlap(tmp_path):
     args = [*ATARI_TINY, "--local-num-envs", "4", "--num-workers", "2", "--overlap", "--compile"]
     out = run_script(ATARI, [*args, "--total-timesteps", "128", "--save-model", "--eval-episodes", "0"], tmp_path)

@@ -30,6 +30,7 @@ from tests.helpers import (
     descendants,
     fault_env,
     free_port,
+    learning_curves,
     only_run_dir,
     parent_pid,
     rank_pid,
@@ -46,12 +47,9 @@ pytestmark = pytest.mark.e2e
 CARTPOLE = [*VEC_TINY, "--env-id", "CartPole-v1", "--num-workers", "0"]
 
 
-def learning_curves(run_dir: Path) -> dict:
-    """Every scalar a run logged but those that time it (SPS, perf/*)."""
-    return {tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS" and "perf/" not in tag}
-
-
-@pytest.mark.parametrize(("script", "args", "steps"), [(VEC, CARTPOLE, 128), (ATARI, ATARI_TINY, 16)])
+@pytest.mark.parametrize(
+    ("script", "args", "steps"), [(VEC, CARTPOLE, 128), pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long)]
+)
 def test_checkpointing_is_invisible_to_training(tmp_path, script, args, steps):
     """The same run with and without --checkpoint-interval 1 logs the same numbers, episodes and
     losses alike."""

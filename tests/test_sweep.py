@@ -18,7 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from common.sweep import report, runs
 from common.sweep.__main__ import main as sweep_main
-from tests.helpers import REPO, VEC_TINY, run_command
+from tests.helpers import LONG, REPO, VEC_TINY, run_command
 
 TINY = [*VEC_TINY, "--num-workers", "0"]  # in-process: the fastest run there is
 
@@ -29,7 +29,7 @@ def run_sweep(tmp_path, *argv, timeout=300):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("executor", ["local", "submitit-local"])
+@pytest.mark.parametrize("executor", ["local", *LONG("submitit-local")])
 def test_a_sweep_runs_each_seed_once_then_skips_or_extends(tmp_path, executor):
     flags = [
         "--seeds",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks.learning import VEC_CASES
 from tests.helpers import VEC, only_run_dir, read_scalars, run_script
@@ -30,6 +31,7 @@ def test_the_mission_command_solves_cartpole(tmp_path, seed):
 def test_the_compiled_path_solves_cartpole(tmp_path):
     """The mission's command with --compile: torch.compile of the rollout's policy and the minibatch's losses."""
     assert last_20_mean("cartpole", 3, tmp_path, "--compile") >= 475
+    assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["args"]["compile"]
 
 
 @pytest.mark.slow

@@ -63,8 +63,9 @@ class AtariPipeline(gym.Wrapper):
         """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
         obs, reward, terminated, truncated, info = self._skip(action, resize)
         self.game_over = terminated or truncated
-        lost_life = 0 < self.ale.lives() < self.lives
-        self.lives = self.ale.lives()
+        lives = self.ale.lives()
+        lost_life = 0 < lives < self.lives
+        self.lives = lives
         return obs, reward, terminated or lost_life, truncated, info
 
     def _life_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:

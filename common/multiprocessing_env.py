@@ -325,9 +325,10 @@ class SubprocVecEnv(VectorEnv):
             if before is not None:
                 self._command("load_env_states", Command.LOAD_STATES, lambda sl: before["envs"][sl])
             raise ValueError(failed[0] + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
-        self._env_obs = list(iterate(self.observation_space, obs))  # read where spaces shared memory cannot hold
         if self._obs_in_shm:
             self._views["obs"][...] = obs
+        else:
+            self._env_obs = list(iterate(self.observation_space, obs))
         self._last_obs = obs
         return obs
 

@@ -219,7 +219,8 @@ def _old_api(env: gym.Env) -> str | None:
 
 
 def reference_work() -> float:
-    """The unit a step is counted in: work like a small env's step (arithmetic, a small array)."""
+    """Work like a small env's step (arithmetic, a small array), timed beside the probe's steps: a round
+    trip costs ROUND_TRIP times its CPU."""
     total = 0.0
     for i in range(60):  # about a CartPole step of CPU
         total += math.sin(i) * 0.5
@@ -260,8 +261,9 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[
     if found["step"] is None or not math.isfinite(found["step"]):
         return w, dict(facts, why="workers save more than they cost")
     saved_us = found["step"] * (n - math.ceil(n / w)) * 1e6  # CPU a step spread over w workers saves
-    round_trip = f"their round trip, {ROUND_TRIP * found['reference'] * 1e6:.0f} us"
-    if saved_us < ROUND_TRIP * found["reference"] * 1e6:
+    round_trip_us = ROUND_TRIP * found["reference"] * 1e6
+    round_trip = f"their round trip, {round_trip_us:.0f} us"
+    if saved_us < round_trip_us:
         return 0, dict(facts, why=f"workers would save {saved_us:.0f} us of CPU a step, under {round_trip}")
     return w, dict(facts, why=f"workers save {saved_us:.0f} us of CPU a step, over {round_trip}")
 

@@ -60,11 +60,26 @@ def scheduled(record: dict[str, Any]) -> bool:
 
 
 def to_run_with(args: Any, named: frozenset[str], script: str) -> tuple[Any, dict | None, str, list[str]]:
-    """The flags to run with, the checkpoint they come from (None for a new run), where it came from
-    and notes for the start line; FlagError for a missing or damaged checkpoint, or a change it refuses.
+    """The flags a run goes with, and the checkpoint they come from.
+
     --resume (or --run-id, of a run that saved) goes on with the run's own flags, but for those the command
     line may change (TOLERATED ones, and --total-timesteps); --eval-checkpoint evaluates with them and the
-    command line's TOLERATED ones."""
+    command line's TOLERATED ones.
+
+    Args:
+        args: the flags as parsed.
+        named: the fields the command line named.
+        script: the script's file name, for messages.
+
+    Returns:
+        The flags to run with.
+        The checkpoint (None for a new run).
+        Where it came from ("--resume <file>"; messages start with it).
+        Notes for the start line.
+
+    Raises:
+        FlagError: the checkpoint is missing or damaged, or the command line asks what it cannot change.
+    """
     if args.resume is not None and args.eval_checkpoint is not None:
         raise FlagError("--resume trains a run on, --eval-checkpoint evaluates one: give one of them")
     path = args.resume if args.resume is not None else args.eval_checkpoint

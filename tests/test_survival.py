@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import signal
 import sys
 import time
@@ -187,8 +188,10 @@ def test_a_rank_that_fails_at_start_up_says_why_and_the_job_ends(tmp_path):
     cmd += [*ATARI_TINY, "--env-id", "tests.envs:BreakoutOnRank0-v0", "--total-timesteps", "1000"]
     start = time.monotonic()
     out = run_command(cmd, tmp_path, timeout=300, extra_env={"PYTHONPATH": str(REPO)})
-    # rank 0 left waiting would wait out the rendezvous (minutes); a loaded machine takes 25 s to start both ranks
-    assert out.returncode != 0 and time.monotonic() - start < 120, out.stderr[-3000:]
+    assert out.returncode != 0 and time.monotonic() - start < 120, out.stderr[-3000:]  # (starting both: 25 s loaded)
+    # rank 0 ended at the launcher's SIGTERM (its stop path: 143; still starting: -15), not by the SIGKILL that
+    # follows 30 s later: a bound on the whole command cannot tell these apart under load
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: (143|-15) ", out.stderr), out.stderr[-3000:]
     line = next(line for line in out.stderr.splitlines() if line.startswith("ppo_atari_multigpu.py: rank 1: "))
     assert line.startswith("ppo_atari_multigpu.py: rank 1: error: --env-id tests.envs:BreakoutOnRank0-v0 cannot be")
 

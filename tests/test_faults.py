@@ -46,7 +46,7 @@ def assert_workers_gone(tmp_path, within: float = 5.0) -> None:
     assert not [pid for pid in pids if alive(pid)], "worker processes outlived the trainer"
 
 
-@pytest.mark.parametrize("fault", ["sigkill:30", "hang:30", *LONG("raise:30")])
+@pytest.mark.parametrize("fault", ["sigkill:30", *LONG("hang:30", "raise:30")])  # a hang in CI: with restarts
 def test_crash_without_restarts_stops_with_the_worker_error(tmp_path, fault):
     """The run ends with what went wrong; a stuck env, with the flags that bound it (not the API's
     retry, which a command line cannot do)."""

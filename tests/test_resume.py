@@ -32,7 +32,10 @@ pytestmark = pytest.mark.e2e  # runs the scripts as users do: the README's test 
 # Gymnasium's envs whose steps take a millisecond more (tests/envs.py: Paced): the stop lands in a run
 # that lasts seconds however fast the machine is
 CASES = [
-    (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "0"], 128),  # in the trainer
+    # in the trainer (in CI: the envs' states taken and put back in this process, tests/test_env_state.py)
+    pytest.param(
+        VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "0"], 128, marks=pytest.mark.long
+    ),
     # in workers, each env's statistics
     (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedPendulum-v1", "--num-workers", "2"], 128),
     # in two groups of workers, one stepping while the other's actions are drawn (in CI: the two-rank Ctrl-C below)

@@ -309,12 +309,13 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
     iterations = 900 if stop == "time limit" else 60  # longer than a slice: the warning comes up to 90 s in
     flags = [*ATARI_TINY, "--total-timesteps", str(iterations * 32), "--checkpoint-interval", "5", "--num-threads", "1"]
     flags += MODEL
-    env = dict(slurm, MASTER_PORT=str(free_port()))
-    reference = sbatch(env, tmp_path / "reference", "ppo_atari_multigpu.sbatch", *flags)
+    # the job and the same job never stopped run at once, two CPUs a node each
+    cpus = ("--cpus-per-task=2",)
+    reference_env = dict(slurm, MASTER_PORT=str(free_port()))
+    reference = sbatch(reference_env, tmp_path / "reference", "ppo_atari_multigpu.sbatch", *flags, options=cpus)
     limit = 900 if stop == "time limit" else 400
-    wait_until(f"job {reference} done", lambda: job_state(env, reference) == "COMPLETED", timeout=limit)
-    env["MASTER_PORT"] = str(free_port())
-    options = ("--time=3",) if stop == "time limit" else ()  # the warning (USR1@120): Slurm sends it up to 90 s in
+    env = dict(slurm, MASTER_PORT=str(free_port()))
+    options = (*cpus, "--time=3") if stop == "time limit" else cpus  # the warning (USR1@120): up to 90 s in
     job = sbatch(env, tmp_path / "job", "ppo_atari_multigpu.sbatch", *flags, options=options)
     folder = tmp_path / "job" / "runs" / f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__1__{job}"
     saved = saved_after(folder, None)
@@ -335,6 +336,7 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=limit)
     finally:
         releaser.done.set()
+    wait_until(f"job {reference} done", lambda: job_state(env, reference) == "COMPLETED", timeout=limit)
     text = (tmp_path / "job" / f"slurm-ppo_atari-{job}.out").read_text()
     assert summary_of(folder)["status"] == "done" and "Traceback" not in text, text
     assert "frame #" not in text and "TCPStore" not in text, text
@@ -370,15 +372,8 @@ class Releaser(threading.Thread):
                     del held[job]
 
 
-def sweep(env: dict, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "common.sweep",
-        str(REPO / "ppo_vec.py"),
-        "--env-ids",
-        "tests.envs:PacedCartPole-v1",
-    ]
+def sweep(env: dict, cwd: Path, env_id: str, *argv: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "common.sweep", str(REPO / "ppo_vec.py"), "--env-ids", env_id]
     releaser = Releaser(env, cwd)
     releaser.start()
     try:
@@ -395,9 +390,12 @@ def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
     comes back until the run is done. The sweep exits 0 and its report averages both runs; each ends
     with the weights of the same run never stopped; submitit's log says how each slice ended, and
     nothing prints a traceback."""
-    # Slurm checks time limits every 30 s: the warning comes 30 to 90 s into a slice of a 3-minute job
-    steps = 700 if stop == "time limit" else 150
-    flags = [*PACED, "--total-timesteps", str(steps * 128), "--checkpoint-interval", "5", *MODEL]
+    # Slurm checks time limits every 30 s: the warning comes 30 to 90 s into a slice of a 3-minute job, so
+    # that run outlasts 90 s on a few seconds of CPU (5 ms a step, asleep)
+    env_id = "tests.envs:SlowCartPole-v1" if stop == "time limit" else "tests.envs:PacedCartPole-v1"
+    steps = 200 if stop == "time limit" else 150
+    flags = [*VEC_TINY, "--env-id", env_id, "--num-workers", "0", "--total-timesteps", str(steps * 128)]
+    flags += ["--checkpoint-interval", "5", *MODEL]
     references = [reference_run(slurm, tmp_path / f"full{seed}", *flags, "--seed", str(seed)) for seed in (1, 2)]
     argv = ["--seeds", "1", "2", "--executor", "slurm", "--jobs", "2", "--timeout-min", "3", "--cpus-per-task", "1"]
     argv += ["--report", "report", "--", *flags]
@@ -405,15 +403,15 @@ def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
         (tmp_path / "runs").mkdir()
         stopper = threading.Thread(target=stop_sweep_jobs, args=(slurm, tmp_path, stop), daemon=True)
         stopper.start()
-    out = sweep(slurm, tmp_path, *argv)
+    out = sweep(slurm, tmp_path, env_id, *argv)
     if stop == "kill":  # a run killed is unfinished: the sweep says so, and run again resumes it
         assert out.returncode == 1 and "unfinished: " in out.stdout, out.stdout + out.stderr
-        out = sweep(slurm, tmp_path, *argv)
+        out = sweep(slurm, tmp_path, env_id, *argv)
     assert out.returncode == 0 and "unfinished" not in out.stdout, out.stdout + out.stderr
-    assert "| tests.envs:PacedCartPole-v1 | 2 | " in (tmp_path / "report" / "report.md").read_text()
+    assert f"| {env_id} | 2 | " in (tmp_path / "report" / "report.md").read_text()
     for seed, reference in zip((1, 2), references, strict=True):
         assert reference.wait(timeout=300) == 0
-        (folder,) = (tmp_path / "runs").glob(f"tests.envs-PacedCartPole-v1__ppo_vec__{seed}__*")
+        (folder,) = (tmp_path / "runs").glob(f"{env_id.replace(':', '-')}__ppo_vec__{seed}__*")
         assert_same_weights(folder, next((tmp_path / f"full{seed}" / "runs").iterdir()), "ppo_vec")
     logs = sorted((tmp_path / "runs" / "submitit").rglob("*_log.*"))
     text = "".join(log.read_text() for log in logs if log.suffix == ".out")

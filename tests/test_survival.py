@@ -305,7 +305,8 @@ def helpers(tmp_path) -> list[int]:
     return [int(p.name.split("-")[1]) for p in (tmp_path / "pids").glob("helper-*")]
 
 
-@pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", *LONG("done")])
+# a SIGKILL in CI: tests/test_vec_construction.py, the helpers of a killed trainer's workers
+@pytest.mark.parametrize("ending", ["SIGTERM", *LONG("SIGKILL", "done")])
 def test_helpers_of_the_envs_end_with_the_run(tmp_path, ending):
     """An env of yours that starts a helper process (and never ends it) steps in workers by default:
     the probe's helper and the workers' end with the run, however it ends. (With --num-workers 0 the

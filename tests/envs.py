@@ -343,9 +343,9 @@ def paced(name: str, seconds: float = 0.001, **kwargs) -> gym.Env:
 
 
 gym.register("PacedCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1"}, max_episode_steps=500)
-# 5 ms a step: a run lasts minutes on a few seconds of CPU (a test that waits for Slurm's time limit)
+# 8 ms a step: a run lasts minutes on a few seconds of CPU (a test that waits for Slurm's time limit)
 gym.register(
-    "SlowCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1", "seconds": 0.005}, max_episode_steps=500
+    "SlowCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1", "seconds": 0.008}, max_episode_steps=500
 )
 gym.register("PacedPendulum-v1", entry_point=paced, kwargs={"name": "Pendulum-v1"}, max_episode_steps=200)
 

@@ -390,10 +390,11 @@ def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
     comes back until the run is done. The sweep exits 0 and its report averages both runs; each ends
     with the weights of the same run never stopped; submitit's log says how each slice ended, and
     nothing prints a traceback."""
-    # Slurm checks time limits every 30 s: the warning comes 30 to 90 s into a slice of a 3-minute job, so
-    # that run outlasts 90 s on a few seconds of CPU (5 ms a step, asleep)
+    # Slurm checks time limits every 30 s: the warning comes 60 to 90 s into a slice of a 3-minute job, so
+    # that run trains 100 s or more, mostly asleep (8 ms a step): a second slice ends it, maybe a third;
+    # each slice costs a start (importing torch), most of the CPU such a test takes
     env_id = "tests.envs:SlowCartPole-v1" if stop == "time limit" else "tests.envs:PacedCartPole-v1"
-    steps = 200 if stop == "time limit" else 150
+    steps = 100 if stop == "time limit" else 150
     flags = [*VEC_TINY, "--env-id", env_id, "--num-workers", "0", "--total-timesteps", str(steps * 128)]
     flags += ["--checkpoint-interval", "5", *MODEL]
     references = [reference_run(slurm, tmp_path / f"full{seed}", *flags, "--seed", str(seed)) for seed in (1, 2)]

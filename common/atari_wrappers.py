@@ -60,9 +60,8 @@ class AtariPipeline(gym.Wrapper):
         """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
         obs, reward, terminated, truncated, info = self._skip(action)
         self.game_over = terminated or truncated
-        lives = self.ale.lives()
-        lost_life = 0 < lives < self.lives
-        self.lives = lives
+        lost_life = 0 < info["lives"] < self.lives  # the ALE's lives after the step, as _info read them
+        self.lives = info["lives"]
         return obs, reward, terminated or lost_life, truncated, info
 
     def _life_reset(self, seed: int | None, options: dict | None) -> tuple:

@@ -5,11 +5,9 @@ tuples and dicts of these): nothing in it names a class or a function, so loadin
 code, and torch.load(weights_only=True) loads it.
 
 Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
-package, or declares `pickle_state = True` (a user env whose state is such values). Taken, innermost
-class first: each attribute but what make_env builds again (the inner env, spaces, specs, functions,
-classes, MuJoCo's model); a value an inner env holds too, once, where it lives; simulators through
-their own API (the ALE's cloneState(include_rng=True), MuJoCo's mj_getState); gymnasium's helper
-objects (a RunningMeanStd) as their attributes. An env holding anything else is not saved: None."""
+package, or declares `pickle_state = True` (a user env whose state is such values). Taken: each
+attribute but what make_env builds again, simulators through their own API (docs/vecenv.md has the
+table); an env holding anything else is not saved: None."""
 
 import collections
 import contextlib

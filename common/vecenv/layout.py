@@ -57,9 +57,8 @@ class ProbeFailed(Exception):
 
 
 def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, found: Any, **probing) -> tuple:
-    """The workers for env_fns (0: this process) and the facts: num_workers as asked; workers where
-    steps must be bounded or restarted; else `decide` on what `probe` found of env_fns[-1] (`found`
-    if the caller probed it already)."""
+    """The workers for env_fns (0: this process) and the facts `describe` says; `found`: what
+    `probe` found of env_fns[-1], if the caller probed it already."""
     n = len(env_fns)
     if num_workers is not None or bounded:
         return min(cores, n) if num_workers is None else min(num_workers, n), {}
@@ -80,23 +79,22 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
     once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
     parent, child = socket.socketpair()
     path = [_ROOT, *map(os.path.abspath, sys.path)]  # the probe's cwd is _ROOT, not ours
-    data = {"path": path, "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn)}
-    data |= {"registry": None, "trusted": TRUSTED, "check_api": check_api}
+    data = {"path": path, "env_fn": cloudpickle.dumps(env_fn), "registry": None}
+    data |= {"trusted": TRUSTED, "check_api": check_api}
     with contextlib.suppress(Exception):  # ids the main script registered, where they pickle
         data["registry"] = cloudpickle.dumps(dict(gym.registry))
     errors = tempfile.TemporaryFile()  # what the probe says if it cannot start: a file never fills
     options = {"cwd": _ROOT, "pass_fds": [child.fileno()], "start_new_session": True}
-    options |= {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": errors}
+    options |= {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": errors}
     with stop_signals_blocked():  # until probe_main ignores them
-        proc = subprocess.Popen([sys.executable, "-m", __name__], **options)
+        proc = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno())], **options)
     child.close()
     conn, poller, made = Channel(parent), select.poll(), {}
     for fd in [conn.fd] if interrupt is None else [conn.fd, interrupt.fileno()]:
         poller.register(fd, select.POLLIN)
     phase, deadline, ended = "start", time.monotonic() + PROBE_START, False
     try:
-        proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
-        proc.stdin.close()
+        conn.send(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
         while True:
             msg = conn.message()
             if msg is None and not ended and (left := deadline - time.monotonic()) > 0:
@@ -148,9 +146,9 @@ def _ended(proc: subprocess.Popen, errors: Any) -> str:
 def probe_main() -> None:
     """The probe process: builds the env, says what it is, times its steps if it may, then ends."""
     ignore_stop_signals()
-    data = pickle.load(sys.stdin.buffer)
+    conn = Channel(socket.socket(fileno=int(sys.argv[1])))
+    data = pickle.loads(conn.recv())
     sys.path[:] = data["path"]
-    conn = Channel(socket.socket(fileno=data["fd"]))
     phase = "make"
     try:
         if data["registry"] is not None:
@@ -236,7 +234,7 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[
         return w, dict(facts, why=why)
     if w == 1:
         return 0, dict(facts, why="one core or one env: nothing to spread")
-    if found["step"] is None or not math.isfinite(found["step"]):
+    if not math.isfinite(found["step"]):  # a step outlasted STEP_DECIDE
         return w, dict(facts, why="workers save more than they cost")
     saved_us = found["step"] * (n - math.ceil(n / w)) * 1e6  # CPU a step spread over w workers saves
     round_trip_us = ROUND_TRIP * found["reference"] * 1e6

@@ -60,12 +60,12 @@ class AtariPipeline(gym.Wrapper):
         """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
         obs, reward, terminated, truncated, info = self._skip(action)
         self.game_over = terminated or truncated
-        lost_life = 0 < info["lives"] < self.lives  # the ALE's lives after the step, as _info read them
+        lost_life = 0 < info["lives"] < self.lives  # the ALE's lives, as _info read them
         self.lives = info["lives"]
         return obs, reward, terminated or lost_life, truncated, info
 
     def _life_reset(self, seed: int | None, options: dict | None) -> tuple:
-        """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op step."""
+        """EpisodicLifeEnv.reset: a new game after a game over or with a seed, else a no-op step."""
         if self.game_over or seed is not None:
             obs, info = self._game_reset(seed, options)
         else:
@@ -89,8 +89,7 @@ class AtariPipeline(gym.Wrapper):
         return self._observe(), total, terminated, truncated, self._info(terminated or truncated)
 
     def _game_reset(self, seed: int | None, options: dict | None) -> tuple:
-        """AtariPreprocessing.reset: the game reset (the env's reset seeds the ALE), then 1 to
-        noop_max no-ops."""
+        """AtariPreprocessing.reset: the game reset (seeding the ALE), then 1 to noop_max no-ops."""
         _, info = self.env.reset(seed=seed, options=options)
         self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
         noops = self.env.unwrapped.np_random.integers(1, self.noop_max + 1) if self.noop_max > 0 else 0
@@ -105,17 +104,14 @@ class AtariPipeline(gym.Wrapper):
         return self._observe(), info
 
     def _frame(self, ale_action: Any) -> tuple[float, bool, bool]:
-        """One emulator frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics
-        counts."""
+        """One frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics does."""
         reward = self.ale.act(ale_action, 1.0)
         self.game_return += reward
         self.game_frames += 1
-        # game_over(with_truncation=False)
-        return reward, self.ale.game_over(False), self.ale.game_truncated()
+        return reward, self.ale.game_over(with_truncation=False), self.ale.game_truncated()
 
     def _info(self, ended: bool) -> dict[str, Any]:
-        """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game
-        ended."""
+        """AtariEnv's info of the last frame; RecordEpisodeStatistics' episode if the game ended."""
         info = {
             "lives": self.ale.lives(),
             "episode_frame_number": self.ale.getEpisodeFrameNumber(),

@@ -1,7 +1,5 @@
 """The DeepMind Atari preprocessing as one wrapper over the ALE (AtariPipeline)."""
 
-from __future__ import annotations
-
 import time
 from typing import Any
 
@@ -50,40 +48,36 @@ class AtariPipeline(gym.Wrapper):
         return self.frames.copy(), clipped, terminated, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        # A step whose observation the next one replaces is not resized (a lost life costs 3 steps)
-        obs, info = self._life_reset(seed, options, resize=not self.fire)
+        obs, info = self._life_reset(seed, options)
         for action in (1, 2) if self.fire else ():  # FireResetEnv
-            obs, _, terminated, truncated, _ = self._life_step(action, resize=action == 2)
+            obs, _, terminated, truncated, _ = self._life_step(action)
             if terminated or truncated:
-                obs, info = self._life_reset(None, options, resize=action == 2)
+                obs, info = self._life_reset(None, options)
         self.frames[:] = obs
         return self.frames.copy(), info
 
-    def _life_step(self, action: int, resize: bool = True) -> tuple:
+    def _life_step(self, action: int) -> tuple:
         """EpisodicLifeEnv.step: a lost life ends the episode, the game goes on."""
-        obs, reward, terminated, truncated, info = self._skip(action, resize)
+        obs, reward, terminated, truncated, info = self._skip(action)
         self.game_over = terminated or truncated
-        lives = self.ale.lives()
-        lost_life = 0 < lives < self.lives
-        self.lives = lives
+        lost_life = 0 < info["lives"] < self.lives  # the ALE's lives, as _info read them
+        self.lives = info["lives"]
         return obs, reward, terminated or lost_life, truncated, info
 
-    def _life_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
-        """EpisodicLifeEnv.reset: a new game after a game over (or with a seed), else one no-op
-        step."""
+    def _life_reset(self, seed: int | None, options: dict | None) -> tuple:
+        """EpisodicLifeEnv.reset: a new game after a game over or with a seed, else a no-op step."""
         if self.game_over or seed is not None:
-            obs, info = self._game_reset(seed, options, resize)
+            obs, info = self._game_reset(seed, options)
         else:
-            obs, _, terminated, truncated, info = self._skip(0, resize)
+            obs, _, terminated, truncated, info = self._skip(0)
             if terminated or truncated:
-                obs, info = self._game_reset(None, options, resize)
+                obs, info = self._game_reset(None, options)
         self.game_over, self.lives = False, self.ale.lives()
         return obs, info
 
-    def _skip(self, action: int, resize: bool = True) -> tuple:
+    def _skip(self, action: int) -> tuple:
         """AtariPreprocessing.step: the action repeated frame_skip times, the last two frames
-        max-pooled (and, unless told not to, resized: the max stays in the buffer, as the next
-        step's may read it)."""
+        max-pooled (the max stays in the buffer: the next step's may read it)."""
         total, terminated, truncated, ale_action = 0.0, False, False, self.action_set[action]
         for t in range(self.frame_skip):
             reward, terminated, truncated = self._frame(ale_action)
@@ -92,11 +86,10 @@ class AtariPipeline(gym.Wrapper):
                 break
             if t >= self.frame_skip - 2:
                 self.ale.getScreenGrayscale(self.screens[self.frame_skip - 1 - t])
-        return self._observe(resize), total, terminated, truncated, self._info(terminated or truncated)
+        return self._observe(), total, terminated, truncated, self._info(terminated or truncated)
 
-    def _game_reset(self, seed: int | None, options: dict | None, resize: bool = True) -> tuple:
-        """AtariPreprocessing.reset: the game reset (the env's reset seeds the ALE), then 1 to
-        noop_max no-ops."""
+    def _game_reset(self, seed: int | None, options: dict | None) -> tuple:
+        """AtariPreprocessing.reset: the game reset (seeding the ALE), then 1 to noop_max no-ops."""
         _, info = self.env.reset(seed=seed, options=options)
         self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
         noops = self.env.unwrapped.np_random.integers(1, self.noop_max + 1) if self.noop_max > 0 else 0
@@ -108,20 +101,17 @@ class AtariPipeline(gym.Wrapper):
                 self.game_return, self.game_frames, self.game_start = 0.0, 0, time.perf_counter()
         self.ale.getScreenGrayscale(self.screens[0])
         self.screens[1].fill(0)
-        return self._observe(resize), info
+        return self._observe(), info
 
     def _frame(self, ale_action: Any) -> tuple[float, bool, bool]:
-        """One emulator frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics
-        counts."""
+        """One frame, as AtariEnv.step with frameskip=1, counted as RecordEpisodeStatistics does."""
         reward = self.ale.act(ale_action, 1.0)
         self.game_return += reward
         self.game_frames += 1
-        # game_over(with_truncation=False)
-        return reward, self.ale.game_over(False), self.ale.game_truncated()
+        return reward, self.ale.game_over(with_truncation=False), self.ale.game_truncated()
 
     def _info(self, ended: bool) -> dict[str, Any]:
-        """AtariEnv's info of the last frame, and RecordEpisodeStatistics' episode when the game
-        ended."""
+        """AtariEnv's info of the last frame; RecordEpisodeStatistics' episode if the game ended."""
         info = {
             "lives": self.ale.lives(),
             "episode_frame_number": self.ale.getEpisodeFrameNumber(),
@@ -132,8 +122,6 @@ class AtariPipeline(gym.Wrapper):
             info["episode"] = {"r": self.game_return, "l": self.game_frames, "t": elapsed}
         return info
 
-    def _observe(self, resize: bool = True) -> np.ndarray | None:
+    def _observe(self) -> np.ndarray:
         np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
-        if not resize:
-            return None
         return cv2.resize(self.screens[0], (self.size, self.size), interpolation=cv2.INTER_AREA)

@@ -4,8 +4,6 @@ What CleanRL's scripts get from gymnasium's wrappers in each env (tested against
 fraction of the cost. Both are torch modules only to keep their statistics in checkpoints (buffers);
 they compute in numpy, on numpy views of those buffers, updated in place (loading copies into them)."""
 
-from __future__ import annotations
-
 import numpy as np
 import torch
 import torch.nn as nn

@@ -5,18 +5,15 @@ tuples and dicts of these): nothing in it names a class or a function, so loadin
 code, and torch.load(weights_only=True) loads it.
 
 Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
-package, or declares `pickle_state = True` (a user env whose state is such values). Taken, innermost
-class first: each attribute but what make_env builds again (the inner env, spaces, specs, functions,
-classes, MuJoCo's model); a value an inner env holds too, once, where it lives; simulators through
-their own API (the ALE's cloneState(include_rng=True), MuJoCo's mj_getState); gymnasium's helper
-objects (a RunningMeanStd) as their attributes. An env holding anything else is not saved: None."""
-
-from __future__ import annotations
+package, or declares `pickle_state = True` (a user env whose state is such values). Taken: each
+attribute but what make_env builds again, simulators through their own API (docs/vecenv.md has the
+table); an env holding anything else is not saved: None."""
 
 import collections
 import contextlib
 import functools
 import types
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -116,7 +113,7 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
         return b""
     if kind == "same":
         earlier = seen[rest[0]]
-        return KEEP if isinstance(earlier, _InPlace) else earlier
+        return KEEP if callable(earlier) else earlier
     index = len(seen)
     seen.append(None)
     if kind in ("array", "scalar"):
@@ -136,62 +133,51 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
     elif kind == "dict":
         result = {decoded(k, None, seen): decoded(v, None, seen) for k, v in rest[0]}
     elif kind in ("ale", "mujoco", "object"):
-        result = _InPlace(kind, rest, current, seen)
+        result = _setter(kind, rest, current, seen)
     else:
         raise ValueError(f"a value of kind {kind!r}")
     seen[index] = result
     return result
 
 
-class _InPlace:
-    """A simulator's state or a helper object's fields, to be set into the object make_env built."""
+def _setter(kind: str, rest: list, current: Any, seen: list) -> Callable[[], None]:
+    """What sets a simulator's state or a helper object's fields into `current`, the object make_env
+    built; ValueError if they are not its kind."""
+    module = type(current).__module__
+    if kind == "ale" and module.startswith("ale_py"):
+        import ale_py
 
-    def __init__(self, kind: str, rest: list, current: Any, seen: list):
-        self.kind, self.current = kind, current
-        module = type(current).__module__
-        if kind == "ale" and module.startswith("ale_py"):
-            import ale_py
+        return functools.partial(current.restoreState, ale_py.ALEState(rest[0]))
+    if kind == "object" and type(current).__name__ == rest[0] and module.startswith("gymnasium."):
+        return functools.partial(_assign, current, _unfields(current, rest[1], seen))
+    if kind != "mujoco" or not module.startswith("mujoco"):
+        raise ValueError(f"a state of kind {kind!r} for {type(current).__name__}")
+    import mujoco
 
-            self.state = ale_py.ALEState(rest[0])
-        elif kind == "mujoco" and module.startswith("mujoco"):
-            import mujoco
+    state, integration = decoded(rest[0], None, seen), mujoco.mjtState.mjSTATE_INTEGRATION
+    if np.shape(state) != (mujoco.mj_stateSize(current.model, integration),):
+        raise ValueError("MuJoCo's state has another size: another model")
+    derived = {key: decoded(data, None, seen) for key, data in rest[1]}
 
-            self.state = decoded(rest[0], None, seen)
-            if np.shape(self.state) != (mujoco.mj_stateSize(current.model, mujoco.mjtState.mjSTATE_INTEGRATION),):
-                raise ValueError("MuJoCo's state has another size: another model")
-            self.derived = {key: decoded(data, None, seen) for key, data in rest[1]}
-        elif kind == "object" and type(current).__name__ == rest[0] and module.startswith("gymnasium."):
-            self.state = _unfields(current, rest[1], seen)
-        else:
-            raise ValueError(f"a state of kind {kind!r} for {type(current).__name__}")
+    def set_state() -> None:  # what the last step derived (where it fits), then the state
+        for key, array in _mujoco_arrays(current).items():
+            if np.shape(derived.get(key)) == array.shape:
+                np.copyto(array, derived[key])
+        mujoco.mj_setState(current.model, current, state, integration)
 
-    def apply(self) -> None:
-        if self.kind == "ale":
-            self.current.restoreState(self.state)
-        elif self.kind == "mujoco":  # what the last step derived (where it fits), then the state
-            import mujoco
-
-            for key, array in _mujoco_arrays(self.current).items():
-                if np.shape(self.derived.get(key)) == array.shape:
-                    np.copyto(array, self.derived[key])
-            mujoco.mj_setState(self.current.model, self.current, self.state, mujoco.mjtState.mjSTATE_INTEGRATION)
-        else:
-            _assign(self.current, self.state)
-
-
-_MUJOCO_ARRAYS: list[str] = []
+    return set_state
 
 
 def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
     """MjData's float arrays: the state and what the last step derived from it, which an env may
     read (Ant's reward starts from body positions). Not its index arrays: numbers from a file must
     never index memory, and a step computes those anew."""
-    if not _MUJOCO_ARRAYS:
-        for key in dir(data):
-            with contextlib.suppress(Exception):  # some properties raise where unused
-                if not key.startswith("_") and getattr(data, key).dtype.kind == "f":
-                    _MUJOCO_ARRAYS.append(key)
-    return {key: getattr(data, key) for key in _MUJOCO_ARRAYS}
+    arrays = {}
+    for key in dir(data):
+        with contextlib.suppress(Exception):  # some properties raise where unused
+            if not key.startswith("_") and getattr(data, key).dtype.kind == "f":
+                arrays[key] = getattr(data, key)
+    return arrays
 
 
 def _fields(obj: Any, seen: dict[int, tuple]) -> list:
@@ -212,7 +198,7 @@ def _rebuilt(value: Any) -> bool:
 
 def _assign(obj: Any, values: dict[str, Any]) -> None:
     for name, field in values.items():
-        if isinstance(field, _InPlace):
-            field.apply()
+        if callable(field):  # a state set in place (`_setter`)
+            field()
         elif field is not KEEP:
             vars(obj)[name] = field

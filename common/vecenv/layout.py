@@ -10,8 +10,6 @@ what their round trip costs; else w workers, as for any other env or one the pro
 workers then report why). The round trip is ROUND_TRIP times the CPU of `reference_work`, timed
 beside the steps: a busy machine slows both alike, so it decides alike."""
 
-from __future__ import annotations
-
 import contextlib
 import inspect
 import math
@@ -59,9 +57,8 @@ class ProbeFailed(Exception):
 
 
 def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, found: Any, **probing) -> tuple:
-    """The workers for env_fns (0: this process) and the facts: num_workers as asked; workers where
-    steps must be bounded or restarted; else `decide` on what `probe` found of env_fns[-1] (`found`
-    if the caller probed it already)."""
+    """The workers for env_fns (0: this process) and the facts `describe` says; `found`: what
+    `probe` found of env_fns[-1], if the caller probed it already."""
     n = len(env_fns)
     if num_workers is not None or bounded:
         return min(cores, n) if num_workers is None else min(num_workers, n), {}
@@ -82,21 +79,32 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
     once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
     parent, child = socket.socketpair()
     path = [_ROOT, *map(os.path.abspath, sys.path)]  # the probe's cwd is _ROOT, not ours
-    data = {"path": path, "fd": child.fileno(), "env_fn": cloudpickle.dumps(env_fn)}
-    data |= {"registry": _registry(), "trusted": TRUSTED, "check_api": check_api}
+    data = {"path": path, "env_fn": cloudpickle.dumps(env_fn), "registry": None}
+    data |= {"trusted": TRUSTED, "check_api": check_api}
+    with contextlib.suppress(Exception):  # ids the main script registered, where they pickle
+        data["registry"] = cloudpickle.dumps(dict(gym.registry))
     errors = tempfile.TemporaryFile()  # what the probe says if it cannot start: a file never fills
     options = {"cwd": _ROOT, "pass_fds": [child.fileno()], "start_new_session": True}
-    options |= {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": errors}
+    options |= {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": errors}
     with stop_signals_blocked():  # until probe_main ignores them
-        proc = subprocess.Popen([sys.executable, "-m", __name__], **options)
+        proc = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno())], **options)
     child.close()
-    conn, made = Channel(parent), {}
-    phase, deadline = "start", time.monotonic() + PROBE_START
+    conn, poller, made = Channel(parent), select.poll(), {}
+    for fd in [conn.fd] if interrupt is None else [conn.fd, interrupt.fileno()]:
+        poller.register(fd, select.POLLIN)
+    phase, deadline, ended = "start", time.monotonic() + PROBE_START, False
     try:
-        proc.stdin.write(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
-        proc.stdin.close()
+        conn.send(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
         while True:
-            msg = _next_message(conn, proc, errors, deadline, interrupt, phase)
+            msg = conn.message()
+            if msg is None and not ended and (left := deadline - time.monotonic()) > 0:
+                poller.poll(left * 1000)
+                if interrupt is not None:
+                    interrupt.check()
+                ended = not conn.pump()
+                continue
+            if msg is None and ended:  # the probe ended with nothing more said
+                raise ProbeFailed(phase, f"the probe process ended ({_ended(proc, errors)})")
             if msg is None and phase == "step":
                 return dict(made, step=math.inf)  # slower than STEP_DECIDE: not waited for
             if msg is None and phase == "start":
@@ -123,35 +131,6 @@ def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: A
             proc.wait(timeout=5.0)
 
 
-def _next_message(conn: Channel, proc: subprocess.Popen, errors: Any, deadline: float, interrupt: Any, phase: str):
-    """The probe's next message; None at the deadline, ProbeFailed if the probe ended first."""
-    poller = select.poll()
-    poller.register(conn.fd, select.POLLIN)
-    if interrupt is not None:
-        poller.register(interrupt.fileno(), select.POLLIN)
-    while (msg := conn.message()) is None:
-        remaining = deadline - time.monotonic()
-        events = poller.poll(remaining * 1000) if remaining > 0 else []
-        if not events:
-            return None
-        if interrupt is not None and any(fd == interrupt.fileno() for fd, _ in events):
-            interrupt.check()
-        # the probe has ended: what it said before, if anything, else how it ended
-        if not conn.pump():
-            if (msg := conn.message()) is not None:
-                return msg
-            raise ProbeFailed(phase, f"the probe process ended ({_ended(proc, errors)})")
-    return msg
-
-
-def _registry() -> bytes | None:
-    """gymnasium's registry, ids the main script registered included; None if it does not pickle."""
-    try:
-        return cloudpickle.dumps(dict(gym.registry))
-    except Exception:  # noqa: BLE001 - the probe then knows the ids its imports register
-        return None
-
-
 def _ended(proc: subprocess.Popen, errors: Any) -> str:
     """How the probe process ended, with the last line it wrote to stderr (a failed import)."""
     try:
@@ -167,9 +146,9 @@ def _ended(proc: subprocess.Popen, errors: Any) -> str:
 def probe_main() -> None:
     """The probe process: builds the env, says what it is, times its steps if it may, then ends."""
     ignore_stop_signals()
-    data = pickle.load(sys.stdin.buffer)
+    conn = Channel(socket.socket(fileno=int(sys.argv[1])))
+    data = pickle.loads(conn.recv())
     sys.path[:] = data["path"]
-    conn = Channel(socket.socket(fileno=data["fd"]))
     phase = "make"
     try:
         if data["registry"] is not None:
@@ -199,14 +178,11 @@ def probe_main() -> None:
 
 def _old_api(env: gym.Env) -> str | None:
     """How the env answers as gym's old API did, None if as gymnasium's; other errors raise."""
-    # below gymnasium's checking wrappers, which turn old answers into warnings
-    base = env.unwrapped
-    try:
-        parameters = inspect.signature(base.reset).parameters
-    except (TypeError, ValueError):  # a reset written in C: asked as it is
-        parameters = {"seed": None}
-    if "seed" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        return "its reset takes no seed"
+    base = env.unwrapped  # below gymnasium's checking wrappers, which only warn of old answers
+    with contextlib.suppress(TypeError, ValueError):  # a reset written in C has no signature: asked
+        parameters = inspect.signature(base.reset).parameters.values()
+        if not any(p.name == "seed" or p.kind is p.VAR_KEYWORD for p in parameters):
+            return "its reset takes no seed"
     answer = base.reset(seed=0)
     if not (isinstance(answer, tuple) and len(answer) == 2):
         return "its reset returned an observation alone, not (obs, info)"
@@ -258,7 +234,7 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[
         return w, dict(facts, why=why)
     if w == 1:
         return 0, dict(facts, why="one core or one env: nothing to spread")
-    if found["step"] is None or not math.isfinite(found["step"]):
+    if not math.isfinite(found["step"]):  # a step outlasted STEP_DECIDE
         return w, dict(facts, why="workers save more than they cost")
     saved_us = found["step"] * (n - math.ceil(n / w)) * 1e6  # CPU a step spread over w workers saves
     round_trip_us = ROUND_TRIP * found["reference"] * 1e6

@@ -1,8 +1,6 @@
 """Processes around a SubprocVecEnv: the start method and what its forkserver preloads, the lifeline
 workers watch, ending a worker with the helpers its envs started, and saying how a process ended."""
 
-from __future__ import annotations
-
 import contextlib
 import multiprocessing as mp
 import os

@@ -7,10 +7,7 @@ results. Its parts are in vecenv/ (vecenv/worker.py: the protocol, and the life 
     obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
 """
 
-from __future__ import annotations
-
 import copy
-import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -82,7 +79,7 @@ class SubprocVecEnv(VectorEnv):
         seconds = {"step_timeout": step_timeout, "max_wait": max_wait, "close_timeout": close_timeout}
         check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds)
         self.num_envs = n = len(env_fns)
-        self.max_restarts, self.restarts, self.close_timeout = max_restarts, 0, close_timeout
+        self.max_restarts, self.close_timeout = max_restarts, close_timeout
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
         self._stepping = 0  # the workers whose step is under way, a bit each
@@ -172,9 +169,7 @@ class SubprocVecEnv(VectorEnv):
     def reset_wait(self, timeout: float | None = None):
         """Waits for reset_async's resets; a WorkerTimeout past `timeout` (default: the bound)."""
         self._check_waiting(AsyncState.WAITING_RESET)
-        failures = self._pool.collect(self._bound if timeout is None else timeout)
-        if failures:
-            self._raise(failures)
+        self._raise_first(self._pool.collect(self._bound if timeout is None else timeout))
         self._state = AsyncState.DEFAULT
         infos: dict[str, Any] = {}
         for w in self._reset_workers:
@@ -243,9 +238,11 @@ class SubprocVecEnv(VectorEnv):
         group, workers, views, bits = self._group(group)
         self._check_waiting(AsyncState.WAITING_STEP, bits)
         failures = self._pool.collect(self._bound if timeout is None else timeout, workers=workers)
-        if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
-            self._raise(failures)
-        restarted = self._restart(failures) if failures else {}
+        restarted = {}
+        if failures and self.max_restarts:  # (only workers restart)
+            expected = (self.single_observation_space, self.single_action_space)
+            restarted, failures = self._pool.replace(failures, self._bound, expected, self.max_restarts)
+        self._raise_first(failures)
         self._stepping &= ~bits
         self._state = AsyncState.WAITING_STEP if self._stepping else AsyncState.DEFAULT
         # (copied: a group's step writes its rows of _last_obs in place)
@@ -279,8 +276,7 @@ class SubprocVecEnv(VectorEnv):
         """
         return tuple(self._command("call", Command.CALL, lambda sl: (name, args, kwargs)))
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.call(name)
+    get_attr = call  # as in gymnasium's vector envs: an attribute that is a method is called
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Sets attribute `name` of every env (or the wrapper that has it) to one of `values` (a list
@@ -346,7 +342,12 @@ class SubprocVecEnv(VectorEnv):
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers, in worker order (none in the in-process layout)."""
-        return list(self._pool.pids) if isinstance(self._pool, WorkerPool) else []
+        return [proc.pid for proc in self._pool.procs] if isinstance(self._pool, WorkerPool) else []
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far (at most `max_restarts`)."""
+        return self._pool.restarts if isinstance(self._pool, WorkerPool) else 0
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
         """Stops every worker: asks, waits, then kills them and the processes their envs started.
@@ -362,8 +363,6 @@ class SubprocVecEnv(VectorEnv):
         if self._state is not AsyncState.DEFAULT and not self._closing_on_exception:
             pending = f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
             warnings.warn(pending, UserWarning, stacklevel=3)
-        self._pool.drain(timeout)
-        self._state, self._stepping = AsyncState.DEFAULT, 0
         self._pool.close(timeout)
 
     def __enter__(self):
@@ -378,9 +377,7 @@ class SubprocVecEnv(VectorEnv):
         self._check_usable(name)
         for w, sl in enumerate(self._pool.slices):
             self._pool.send(w, command, arg_of(sl))
-        failures = self._pool.collect(self._bound, interruptible)
-        if failures:
-            self._raise(failures)
+        self._raise_first(self._pool.collect(self._bound, interruptible))
         replies = [self._pool.replies.pop(w) for w in range(len(self._pool.slices))]
         return [result for reply in replies if reply is not None for result in reply]
 
@@ -406,8 +403,10 @@ class SubprocVecEnv(VectorEnv):
             message = f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`."
             raise NoAsyncCallError(message, state.value)
 
-    def _raise(self, failures: dict[int, Exception]) -> None:
-        """Raises the lowest env's failure; a dead or raising worker leaves the vec env unusable."""
+    def _raise_first(self, failures: dict[int, Exception]) -> None:
+        """Raises the lowest env's failure, if any; a dead or raising worker leaves the vec env unusable."""
+        if not failures:
+            return
         error = first_failure(failures)
         worker_errors = [e for e in failures.values() if isinstance(e, WorkerError)]
         if worker_errors:
@@ -416,33 +415,11 @@ class SubprocVecEnv(VectorEnv):
             error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
         raise error
 
-    def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
-        """Replaces the failed workers, resets their envs; a failed rebuild uses up a restart."""
-        replies: dict[int, tuple] = {}
-        while failures:
-            for w, error in sorted(failures.items()):
-                self.restarts += 1
-                first_line = str(error).splitlines()[0]
-                logging.getLogger(__name__).warning(
-                    f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
-                    f"{self.restarts} of {self.max_restarts}: {first_line}"
-                )
-            expected = (self.single_observation_space, self.single_action_space)
-            rebuilt, failures = self._pool.restart(sorted(failures), self._bound, expected)
-            replies.update(rebuilt)
-            if failures and self.restarts + len(failures) > self.max_restarts:
-                self._raise(failures)
-        return replies
-
     def _report_restart(self, w: int, reply: tuple, last_obs: list, infos: dict) -> dict:
         """A restarted worker's envs: truncated, reward 0, the last observation as final_obs."""
-        sl = self._pool.slices[w]
-        extras = []
-        views = self._views
+        sl, views, restart = self._pool.slices[w], self._views, {"worker_restart": True}
         views["rewards"][sl], views["terminations"][sl], views["truncations"][sl] = 0.0, False, True
-        for k, _, info in reply[1]:
-            final = (last_obs[sl.start + k], {"worker_restart": True})
-            extras.append((k, final, dict(info, worker_restart=True)))
+        extras = [(k, (last_obs[sl.start + k], dict(restart)), dict(info, **restart)) for k, _, info in reply[1]]
         return self._take_reply(w, (reply[0], extras), infos)
 
     def _take_reply(self, w: int, reply: tuple, infos: dict) -> dict:

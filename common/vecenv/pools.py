@@ -4,9 +4,8 @@ each stepping a slice of the envs) or InProcessPool (every env here), both drive
 have forked a helper that keeps the pipe open), nor from multiprocessing's sentinel (a dying
 forkserver makes all of them readable while its workers live on). No read waits past the bound."""
 
-from __future__ import annotations
-
 import contextlib
+import logging
 import mmap
 import os
 import pickle
@@ -70,9 +69,6 @@ class InProcessPool:
                 failures[w] = remote_error(report, "in this process")
         return failures
 
-    def drain(self, timeout: float) -> None:
-        self.pending.clear()
-
     def close(self, timeout: float) -> None:
         close_envs(self.envs)
 
@@ -100,15 +96,12 @@ class WorkerPool:
         self.pending: dict[int, str] = {}  # worker -> what its next reply answers: make, step...
         self.replies: dict[int, Any] = {}
         self.failed: dict[int, Exception] = {}  # failures seen while waiting for other workers
+        self.restarts = 0  # workers replaced so far
         self.block_fd: int | None = None
         self.attach_message = b""
         self.finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.timed_out, close_timeout)
         for w in range(len(slices)):
             self._start(w)
-
-    @property
-    def pids(self) -> list[int]:
-        return [proc.pid for proc in self.procs]
 
     def envs_of(self, w: int) -> list[int]:
         return list(range(self.slices[w].start, self.slices[w].stop))
@@ -265,27 +258,37 @@ class WorkerPool:
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    def restart(self, ws: list[int], timeout: float, expected: tuple) -> tuple[dict, dict]:
-        """Replaces workers `ws` together, resets their envs (their spaces checked against `expected`):
-        ({w: reset reply}, {w: failure})."""
-        for w in ws:
-            self._unwatch(w)
-            self.conns[w].close()
-            _close_exit_fd(self.exit_fds[w], self.procs[w])
-            self.pending.pop(w, None)
-            self.replies.pop(w, None)
-            self.timed_out.discard(w)
-        process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
-        for w in ws:
-            self._start(w)
-        failures: dict[int, Exception] = {}
-        for w in self._rebuilt(ws, timeout, failures):
-            check_spaces(self.replies.pop(w)[0], expected, first=self.slices[w].start)
-            self._attach(w)
-        for w in self._rebuilt(ws, timeout, failures):
-            n = len(self.envs_of(w))
-            self.send(w, Command.RESET, ([None] * n, None, [True] * n))
-        return {w: self.replies.pop(w) for w in self._rebuilt(ws, timeout, failures)}, failures
+    def replace(self, failures: dict[int, Exception], timeout: float, expected: tuple, max_restarts: int) -> tuple:
+        """Replaces the failed workers while `max_restarts` allows (a failed rebuild uses up a restart),
+        and resets their envs, their spaces checked against `expected`: ({w: reset reply}, failures left)."""
+        replies: dict[int, tuple] = {}
+        while failures and self.restarts + len(failures) <= max_restarts:
+            ws = sorted(failures)
+            for w in ws:
+                self.restarts += 1
+                first_line = str(failures[w]).splitlines()[0]
+                logging.getLogger(__name__).warning(
+                    f"SubprocVecEnv: restarting worker {w} (envs {self.envs_of(w)}), restart "
+                    f"{self.restarts} of {max_restarts}: {first_line}"
+                )
+                self._unwatch(w)
+                self.conns[w].close()
+                _close_exit_fd(self.exit_fds[w], self.procs[w])
+                self.pending.pop(w, None)
+                self.replies.pop(w, None)
+                self.timed_out.discard(w)
+            process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
+            for w in ws:
+                self._start(w)
+            failures = {}
+            for w in self._rebuilt(ws, timeout, failures):
+                check_spaces(self.replies.pop(w)[0], expected, first=self.slices[w].start)
+                self._attach(w)
+            for w in self._rebuilt(ws, timeout, failures):
+                n = len(self.envs_of(w))
+                self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+            replies.update({w: self.replies.pop(w) for w in self._rebuilt(ws, timeout, failures)})
+        return replies, failures
 
     def _rebuilt(self, ws: list[int], timeout: float, failures: dict[int, Exception]) -> list[int]:
         """Waits for the rebuilt workers, into `failures`; those of `ws` that have not failed."""
@@ -294,15 +297,14 @@ class WorkerPool:
             self.pending.pop(w, None)
         return [w for w in ws if w not in failures]
 
-    def drain(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive."""
+    def close(self, timeout: float) -> None:
+        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive, so that no
+        worker is left writing one; asks every worker to exit, waits up to `timeout`, then kills what is
+        left and the helpers."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.timed_out and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)
         self.timed_out.update(self.pending)
-
-    def close(self, timeout: float) -> None:
-        """Asks every worker to exit, waits up to `timeout`, then kills what is left and helpers."""
         self.finalizer.detach()
         for fd, proc in zip(self.exit_fds, self.procs, strict=True):
             _close_exit_fd(fd, proc)

@@ -84,8 +84,7 @@ class WorkerPool:
         if context != "fork" and (unguarded := process_control.unguarded_main()):  # each worker would fail at start
             raise WorkerError(f"no worker was started: {unguarded}", range(slices[-1].stop), "start")
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]
-        self.ctx, self.fork = process_control.get_context(context), context == "fork"
-        process_control.start_helpers(context)
+        self.ctx, self.fork = process_control.start_context(context), context == "fork"
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
@@ -108,7 +107,8 @@ class WorkerPool:
 
     def describe_envs(self, timeout: float) -> tuple:
         """Every env's spaces, env 0's metadata and render mode (worker.describe)."""
-        self._collect_or_raise(timeout)
+        if failures := self.collect(timeout):
+            raise first_failure(failures)
         replies = [self.replies.pop(w) for w in range(len(self.slices))]
         return [spaces for reply in replies for spaces in reply[0]], *replies[0][1:]
 
@@ -119,7 +119,8 @@ class WorkerPool:
         block = mmap.mmap(self.block_fd, size)
         for w in range(len(self.slices)):
             self._attach(w)
-        self._collect_or_raise(timeout)
+        if failures := self.collect(timeout):
+            raise first_failure(failures)
         self.replies.clear()
         return block
 
@@ -127,11 +128,6 @@ class WorkerPool:
         with contextlib.suppress(OSError):  # a dead worker: collect reports it
             self.conns[w].send_fd(self.attach_message, self.block_fd)
         self.pending[w] = "attach"
-
-    def _collect_or_raise(self, timeout: float) -> None:
-        failures = self.collect(timeout)
-        if failures:
-            raise first_failure(failures)
 
     def _start(self, w: int) -> None:
         """Starts worker `w` (afresh after a failure) and watches its socket and process."""

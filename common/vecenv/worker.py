@@ -162,11 +162,6 @@ class EnvGroup:
         return reasons
 
 
-def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command: `longest` in a rollout, else a short window."""
-    return longest if gap <= longest else min(longest, SHORT_SPIN)
-
-
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float | None) -> None:
     """Ends this worker and its helpers after up to `wait` s, or (None: the watch thread's, even while
     env code runs) once the trainer is gone; a dead trainer's forkserver temp dir is removed first."""
@@ -221,7 +216,8 @@ def worker_main(
         while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
-            doing, window = command.name.lower(), spin_window(spin, time.perf_counter() - answered)
+            doing = command.name.lower()
+            window = spin if time.perf_counter() - answered <= spin else min(spin, SHORT_SPIN)
             if command is not Command.CLOSE:
                 reply = group.run(command, arg)
                 conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))

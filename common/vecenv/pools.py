@@ -254,9 +254,10 @@ class WorkerPool:
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    def replace(self, failures: dict[int, Exception], timeout: float, expected: tuple, max_restarts: int) -> tuple:
-        """Replaces the failed workers while `max_restarts` allows (a failed rebuild uses up a restart),
-        and resets their envs, their spaces checked against `expected`: ({w: reset reply}, failures left)."""
+    def replace(self, failures: dict, timeout: float, expected: tuple, max_restarts: int) -> tuple:
+        """Replaces the failed workers while `max_restarts` allows (a failed rebuild uses up a
+        restart), and resets their envs, their spaces checked against `expected`: ({w: reset
+        reply}, the failures left)."""
         replies: dict[int, tuple] = {}
         while failures and self.restarts + len(failures) <= max_restarts:
             ws = sorted(failures)
@@ -294,9 +295,9 @@ class WorkerPool:
         return [w for w in ws if w not in failures]
 
     def close(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive, so that no
-        worker is left writing one; asks every worker to exit, waits up to `timeout`, then kills what is
-        left and the helpers."""
+        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive, so
+        that no worker is left writing one; asks every worker to exit, waits up to `timeout`, then
+        kills what is left and the helpers."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.timed_out and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)

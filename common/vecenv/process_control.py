@@ -28,8 +28,8 @@ def default_context() -> str:
 
 
 def start_context(context: str) -> Any:
-    """The multiprocessing context, its helper processes started with the stop signals held back (a
-    scheduler signals every process of a job, and a forkserver it killed would fail the next restart)."""
+    """The multiprocessing context, its helper processes started with the stop signals held back:
+    a scheduler signals every process of a job, and a forkserver it killed would fail a restart."""
     from multiprocessing import forkserver, resource_tracker
 
     ctx = mp.get_context(context)

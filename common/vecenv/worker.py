@@ -163,8 +163,9 @@ class EnvGroup:
 
 
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float | None) -> None:
-    """Ends this worker and its helpers after up to `wait` s, or (None: the watch thread's, even while
-    env code runs) once the trainer is gone; a dead trainer's forkserver temp dir is removed first."""
+    """Ends this worker and its helpers after up to `wait` s, or (None: the watch thread's,
+    even while env code runs) once the trainer is gone; a dead trainer's forkserver temp dir
+    goes first."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     if poller.poll(None if wait is None else wait * 1000) and tmpdir:  # nobody else would remove it

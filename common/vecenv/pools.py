@@ -200,18 +200,16 @@ class WorkerPool:
             if not events:
                 for w in [w for w in waiting if deadlines[w] <= time.monotonic()]:
                     overdue.add(w)
+                    self.timed_out.add(w)
                     envs = self.envs_of(w)
                     message = f"envs {envs} did not answer '{self.pending[w]}' within {self._bound(w, timeout):g} s"
                     failures[w] = WorkerTimeout(f"{message} (worker {w})", envs, self.pending[w])
-                # never asked politely again: killed on restart or close
-                self.timed_out.update(overdue)
             for fd, _ in events:
                 if fd == watched:
                     self.interrupt.check()
                 elif fd in self.fd_owner:
-                    w = self.fd_owner[fd][0]
-                    if self._read(*self.fd_owner[fd], failures) and w in self.pending:
-                        # it has started: now its build is timed
+                    w, is_exit = self.fd_owner[fd]
+                    if self._read(w, is_exit, failures) and w in self.pending:  # started: its build timed now
                         deadlines[w] = time.monotonic() + timeout
         return failures
 

@@ -7,10 +7,7 @@ results. Its parts are in vecenv/ (vecenv/worker.py: the protocol, and the life 
     obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
 """
 
-from __future__ import annotations
-
 import copy
-import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -82,7 +79,7 @@ class SubprocVecEnv(VectorEnv):
         seconds = {"step_timeout": step_timeout, "max_wait": max_wait, "close_timeout": close_timeout}
         check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, seconds)
         self.num_envs = n = len(env_fns)
-        self.max_restarts, self.restarts, self.close_timeout = max_restarts, 0, close_timeout
+        self.max_restarts, self.close_timeout = max_restarts, close_timeout
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
         self._stepping = 0  # the workers whose step is under way, a bit each
@@ -111,7 +108,6 @@ class SubprocVecEnv(VectorEnv):
             else:
                 self._pool = InProcessPool(env_fns, interrupt)
             spaces, metadata, self.render_mode = self._pool.describe_envs(self._bound)
-            # spaces and metadata from env 0, every env checked against them
             self.single_observation_space, self.single_action_space = spaces[0]
             check_spaces(spaces, spaces[0])
             self.observation_space = batch_space(spaces[0][0], n)
@@ -125,9 +121,8 @@ class SubprocVecEnv(VectorEnv):
         count = max(1, min(groups, self.num_workers)) if self._obs_in_shm else 1
         bounds = [slices[len(slices) * k // count].start for k in range(count)] + [n]
         self.groups = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
-        self._everyone = slice(0, n)
         self._group_of = {}  # a group's (start, stop, step): it, its workers, its rows of the block, a bit per worker
-        for g in [*self.groups, self._everyone]:
+        for g in [*self.groups, slice(0, n)]:
             workers = [w for w, sl in enumerate(slices) if g.start <= sl.start < g.stop]
             rows = {name: view[g] for name, view in self._views.items()}
             self._group_of[g.start, g.stop, g.step] = g, workers, rows, sum(1 << w for w in workers)
@@ -171,10 +166,8 @@ class SubprocVecEnv(VectorEnv):
 
     def reset_wait(self, timeout: float | None = None):
         """Waits for reset_async's resets; a WorkerTimeout past `timeout` (default: the bound)."""
-        self._check_waiting(AsyncState.WAITING_RESET)
-        failures = self._pool.collect(self._bound if timeout is None else timeout)
-        if failures:
-            self._raise(failures)
+        self._check_usable("reset_wait", waiting=AsyncState.WAITING_RESET)
+        self._raise_first(self._pool.collect(self._bound if timeout is None else timeout))
         self._state = AsyncState.DEFAULT
         infos: dict[str, Any] = {}
         for w in self._reset_workers:
@@ -241,22 +234,22 @@ class SubprocVecEnv(VectorEnv):
             WorkerTimeout: some envs did not answer within `timeout` (the step stays pending).
         """
         group, workers, views, bits = self._group(group)
-        self._check_waiting(AsyncState.WAITING_STEP, bits)
+        self._check_usable("step_wait", bits, waiting=AsyncState.WAITING_STEP)
         failures = self._pool.collect(self._bound if timeout is None else timeout, workers=workers)
-        if failures and not (self.max_restarts and self.restarts + len(failures) <= self.max_restarts):
-            self._raise(failures)
-        restarted = self._restart(failures) if failures else {}
+        restarted = {}
+        if failures and self.max_restarts:  # (only workers restart)
+            spaces = (self.single_observation_space, self.single_action_space)
+            restarted, failures = self._pool.replace(failures, self._bound, spaces, self.max_restarts)
+        self._raise_first(failures)
         self._stepping &= ~bits
         self._state = AsyncState.WAITING_STEP if self._stepping else AsyncState.DEFAULT
-        # (copied: a group's step writes its rows of _last_obs in place)
-        last_obs = list(iterate(self.observation_space, copy.deepcopy(self._last_obs))) if restarted else None
         infos: dict[str, Any] = {}
         for w in workers:
             if w in restarted:
-                infos = self._report_restart(w, restarted[w], last_obs, infos)
+                infos = self._report_restart(w, restarted[w], infos)
             elif (reply := self._pool.replies.pop(w)) is not None:  # None: only the block changed
                 infos = self._take_reply(w, reply, infos)
-        if group is self._everyone:
+        if group.stop - group.start == self.num_envs:
             self._last_obs = obs = self._observations()
         else:  # the group's rows, of arrays of every env (groups split only observations in shared memory)
             obs = views["obs"].copy()
@@ -279,8 +272,7 @@ class SubprocVecEnv(VectorEnv):
         """
         return tuple(self._command("call", Command.CALL, lambda sl: (name, args, kwargs)))
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.call(name)
+    get_attr = call  # as in gymnasium's vector envs: an attribute that is a method is called
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Sets attribute `name` of every env (or the wrapper that has it) to one of `values` (a list
@@ -346,7 +338,12 @@ class SubprocVecEnv(VectorEnv):
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers, in worker order (none in the in-process layout)."""
-        return list(self._pool.pids) if isinstance(self._pool, WorkerPool) else []
+        return [proc.pid for proc in self._pool.procs] if isinstance(self._pool, WorkerPool) else []
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far (at most `max_restarts`)."""
+        return self._pool.restarts if isinstance(self._pool, WorkerPool) else 0
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
         """Stops every worker: asks, waits, then kills them and the processes their envs started.
@@ -357,14 +354,11 @@ class SubprocVecEnv(VectorEnv):
             terminate: kill them at once.
         """
         timeout = 0.0 if terminate else self.close_timeout if timeout is None else timeout
-        if self._pool is None:
-            return
         if self._state is not AsyncState.DEFAULT and not self._closing_on_exception:
             pending = f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete."
             warnings.warn(pending, UserWarning, stacklevel=3)
-        self._pool.drain(timeout)
-        self._state, self._stepping = AsyncState.DEFAULT, 0
-        self._pool.close(timeout)
+        if self._pool is not None:  # (None: the constructor failed before it)
+            self._pool.close(timeout)
 
     def __enter__(self):
         return self
@@ -378,76 +372,51 @@ class SubprocVecEnv(VectorEnv):
         self._check_usable(name)
         for w, sl in enumerate(self._pool.slices):
             self._pool.send(w, command, arg_of(sl))
-        failures = self._pool.collect(self._bound, interruptible)
-        if failures:
-            self._raise(failures)
+        self._raise_first(self._pool.collect(self._bound, interruptible))
         replies = [self._pool.replies.pop(w) for w in range(len(self._pool.slices))]
         return [result for reply in replies if reply is not None for result in reply]
 
-    def _check_usable(self, name: str, group_bits: int = 0) -> None:
-        """Raises unless `name` may be called now (on a group's workers, `group_bits`: while another group steps)."""
+    def _check_usable(self, name: str, bits: int = 0, waiting: AsyncState | None = None) -> None:
+        """Raises unless `name` may be called now: a wait (`waiting`: its state) after its async
+        call; any other call with none pending (a group's, `bits` its workers: or other groups')."""
         if self.closed:
             raise ClosedEnvironmentError(f"SubprocVecEnv.{name}() was called after close(); build a new one")
-        if self._failed is not None:
+        if waiting is not None:
+            if self._state is not waiting or self._stepping & bits != bits:
+                message = f"Calling `{name}` without any prior call to `{waiting.value}_async`."
+                raise NoAsyncCallError(message, waiting.value)
+        elif self._failed is not None:
             failed = self._failed
             message = f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
             raise WorkerError(message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode)
-        if self._state is not AsyncState.DEFAULT and not (
-            group_bits and self._state is AsyncState.WAITING_STEP and not self._stepping & group_bits
+        elif self._state is not AsyncState.DEFAULT and not (
+            bits and self._state is AsyncState.WAITING_STEP and not self._stepping & bits
         ):
-            waiting = self._state.value
-            message = f"Calling `{name}` while waiting for a pending call to `{waiting}` to complete"
-            raise AlreadyPendingCallError(f"{message}; call {waiting}_wait() first", waiting)
+            pending = self._state.value
+            message = f"Calling `{name}` while waiting for a pending call to `{pending}` to complete"
+            raise AlreadyPendingCallError(f"{message}; call {pending}_wait() first", pending)
 
-    def _check_waiting(self, state: AsyncState, group_bits: int = 0) -> None:
-        if self.closed:
-            raise ClosedEnvironmentError(f"SubprocVecEnv.{state.value}_wait() was called after close(); build anew")
-        if self._state is not state or self._stepping & group_bits != group_bits:
-            message = f"Calling `{state.value}_wait` without any prior call to `{state.value}_async`."
-            raise NoAsyncCallError(message, state.value)
-
-    def _raise(self, failures: dict[int, Exception]) -> None:
-        """Raises the lowest env's failure; a dead or raising worker leaves the vec env unusable."""
+    def _raise_first(self, failures: dict[int, Exception]) -> None:
+        """Raises the lowest env's failure, if any; a WorkerError leaves the vec env unusable."""
+        if not failures:
+            return
         error = first_failure(failures)
-        worker_errors = [e for e in failures.values() if isinstance(e, WorkerError)]
-        if worker_errors:
+        if worker_errors := [e for e in failures.values() if isinstance(e, WorkerError)]:
             self._failed, self._state = min(worker_errors, key=lambda e: e.env_indices), AsyncState.DEFAULT
         elif self._state is not AsyncState.DEFAULT and hasattr(error, "add_note"):
             error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
         raise error
 
-    def _restart(self, failures: dict[int, Exception]) -> dict[int, tuple]:
-        """Replaces the failed workers, resets their envs; a failed rebuild uses up a restart."""
-        replies: dict[int, tuple] = {}
-        while failures:
-            for w, error in sorted(failures.items()):
-                self.restarts += 1
-                first_line = str(error).splitlines()[0]
-                logging.getLogger(__name__).warning(
-                    f"SubprocVecEnv: restarting worker {w} (envs {self._pool.envs_of(w)}), restart "
-                    f"{self.restarts} of {self.max_restarts}: {first_line}"
-                )
-            expected = (self.single_observation_space, self.single_action_space)
-            rebuilt, failures = self._pool.restart(sorted(failures), self._bound, expected)
-            replies.update(rebuilt)
-            if failures and self.restarts + len(failures) > self.max_restarts:
-                self._raise(failures)
-        return replies
-
-    def _report_restart(self, w: int, reply: tuple, last_obs: list, infos: dict) -> dict:
-        """A restarted worker's envs: truncated, reward 0, the last observation as final_obs."""
-        sl = self._pool.slices[w]
-        extras = []
-        views = self._views
+    def _report_restart(self, w: int, reply: tuple, infos: dict) -> dict:
+        """A restarted worker's envs: truncated, reward 0, final_obs a copy of the last obs."""
+        sl, views, mark = self._pool.slices[w], self._views, {"worker_restart": True}
+        last_obs = list(iterate(self.observation_space, copy.deepcopy(self._last_obs)))[sl]
         views["rewards"][sl], views["terminations"][sl], views["truncations"][sl] = 0.0, False, True
-        for k, _, info in reply[1]:
-            final = (last_obs[sl.start + k], {"worker_restart": True})
-            extras.append((k, final, dict(info, worker_restart=True)))
+        extras = [(k, (last_obs[k], dict(mark)), dict(info, **mark)) for k, _, info in reply[1]]
         return self._take_reply(w, (reply[0], extras), infos)
 
     def _take_reply(self, w: int, reply: tuple, infos: dict) -> dict:
-        """Worker w's infos (final_obs and final_info of envs that ended) added to `infos`, and the
-        observations that came over the pipe (spaces shared memory cannot hold) kept."""
+        """`infos` and worker w's (final_obs, final_info too); keeps observations sent pickled."""
         obs_list, extras = reply
         start = self._pool.slices[w].start
         for k, final, info in extras:

@@ -93,7 +93,7 @@ def descendants_with_helpers_running() -> set[int]:
     forkserver) run: the baseline a test compares with, whichever test happens to start them first."""
     from common.vecenv import process_control
 
-    process_control.start_helpers(process_control.default_context())
+    process_control.start_context(process_control.default_context())
     return descendants()
 
 

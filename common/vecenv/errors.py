@@ -1,8 +1,6 @@
 """What a SubprocVecEnv raises: when its envs fail (and which failure when several fail at once), and
 for arguments that cannot work."""
 
-from __future__ import annotations
-
 import math
 import multiprocessing as mp
 import traceback

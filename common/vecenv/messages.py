@@ -1,8 +1,6 @@
 """Length-prefixed messages over a socketpair, half the cost of multiprocessing.Connection's. The
 parent takes only what has arrived (`pump`), so no read outlasts a bound."""
 
-from __future__ import annotations
-
 import collections
 import os
 import select

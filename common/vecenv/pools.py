@@ -4,9 +4,8 @@ each stepping a slice of the envs) or InProcessPool (every env here), both drive
 have forked a helper that keeps the pipe open), nor from multiprocessing's sentinel (a dying
 forkserver makes all of them readable while its workers live on). No read waits past the bound."""
 
-from __future__ import annotations
-
 import contextlib
+import logging
 import mmap
 import os
 import pickle
@@ -70,9 +69,6 @@ class InProcessPool:
                 failures[w] = remote_error(report, "in this process")
         return failures
 
-    def drain(self, timeout: float) -> None:
-        self.pending.clear()
-
     def close(self, timeout: float) -> None:
         close_envs(self.envs)
 
@@ -88,8 +84,7 @@ class WorkerPool:
         if context != "fork" and (unguarded := process_control.unguarded_main()):  # each worker would fail at start
             raise WorkerError(f"no worker was started: {unguarded}", range(slices[-1].stop), "start")
         self.env_fns_bytes = [cloudpickle.dumps(env_fns[sl]) for sl in slices]
-        self.ctx, self.fork = process_control.get_context(context), context == "fork"
-        process_control.start_helpers(context)
+        self.ctx, self.fork = process_control.start_context(context), context == "fork"
         self.tmpdir = mp_util.get_temp_dir() if context == "forkserver" else None
         self.procs: list = []
         self.conns: list[Channel] = []
@@ -100,22 +95,20 @@ class WorkerPool:
         self.pending: dict[int, str] = {}  # worker -> what its next reply answers: make, step...
         self.replies: dict[int, Any] = {}
         self.failed: dict[int, Exception] = {}  # failures seen while waiting for other workers
+        self.restarts = 0  # workers replaced so far
         self.block_fd: int | None = None
         self.attach_message = b""
         self.finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.timed_out, close_timeout)
         for w in range(len(slices)):
             self._start(w)
 
-    @property
-    def pids(self) -> list[int]:
-        return [proc.pid for proc in self.procs]
-
     def envs_of(self, w: int) -> list[int]:
         return list(range(self.slices[w].start, self.slices[w].stop))
 
     def describe_envs(self, timeout: float) -> tuple:
         """Every env's spaces, env 0's metadata and render mode (worker.describe)."""
-        self._collect_or_raise(timeout)
+        if failures := self.collect(timeout):
+            raise first_failure(failures)
         replies = [self.replies.pop(w) for w in range(len(self.slices))]
         return [spaces for reply in replies for spaces in reply[0]], *replies[0][1:]
 
@@ -126,7 +119,8 @@ class WorkerPool:
         block = mmap.mmap(self.block_fd, size)
         for w in range(len(self.slices)):
             self._attach(w)
-        self._collect_or_raise(timeout)
+        if failures := self.collect(timeout):
+            raise first_failure(failures)
         self.replies.clear()
         return block
 
@@ -134,11 +128,6 @@ class WorkerPool:
         with contextlib.suppress(OSError):  # a dead worker: collect reports it
             self.conns[w].send_fd(self.attach_message, self.block_fd)
         self.pending[w] = "attach"
-
-    def _collect_or_raise(self, timeout: float) -> None:
-        failures = self.collect(timeout)
-        if failures:
-            raise first_failure(failures)
 
     def _start(self, w: int) -> None:
         """Starts worker `w` (afresh after a failure) and watches its socket and process."""
@@ -211,18 +200,16 @@ class WorkerPool:
             if not events:
                 for w in [w for w in waiting if deadlines[w] <= time.monotonic()]:
                     overdue.add(w)
+                    self.timed_out.add(w)
                     envs = self.envs_of(w)
                     message = f"envs {envs} did not answer '{self.pending[w]}' within {self._bound(w, timeout):g} s"
                     failures[w] = WorkerTimeout(f"{message} (worker {w})", envs, self.pending[w])
-                # never asked politely again: killed on restart or close
-                self.timed_out.update(overdue)
             for fd, _ in events:
                 if fd == watched:
                     self.interrupt.check()
                 elif fd in self.fd_owner:
-                    w = self.fd_owner[fd][0]
-                    if self._read(*self.fd_owner[fd], failures) and w in self.pending:
-                        # it has started: now its build is timed
+                    w, is_exit = self.fd_owner[fd]
+                    if self._read(w, is_exit, failures) and w in self.pending:  # started: its build timed now
                         deadlines[w] = time.monotonic() + timeout
         return failures
 
@@ -265,27 +252,38 @@ class WorkerPool:
             if self.fd_owner.pop(fd, None) is not None:
                 self.poller.unregister(fd)
 
-    def restart(self, ws: list[int], timeout: float, expected: tuple) -> tuple[dict, dict]:
-        """Replaces workers `ws` together, resets their envs (their spaces checked against `expected`):
-        ({w: reset reply}, {w: failure})."""
-        for w in ws:
-            self._unwatch(w)
-            self.conns[w].close()
-            _close_exit_fd(self.exit_fds[w], self.procs[w])
-            self.pending.pop(w, None)
-            self.replies.pop(w, None)
-            self.timed_out.discard(w)
-        process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
-        for w in ws:
-            self._start(w)
-        failures: dict[int, Exception] = {}
-        for w in self._rebuilt(ws, timeout, failures):
-            check_spaces(self.replies.pop(w)[0], expected, first=self.slices[w].start)
-            self._attach(w)
-        for w in self._rebuilt(ws, timeout, failures):
-            n = len(self.envs_of(w))
-            self.send(w, Command.RESET, ([None] * n, None, [True] * n))
-        return {w: self.replies.pop(w) for w in self._rebuilt(ws, timeout, failures)}, failures
+    def replace(self, failures: dict, timeout: float, expected: tuple, max_restarts: int) -> tuple:
+        """Replaces the failed workers while `max_restarts` allows (a failed rebuild uses up a
+        restart), and resets their envs, their spaces checked against `expected`: ({w: reset
+        reply}, the failures left)."""
+        replies: dict[int, tuple] = {}
+        while failures and self.restarts + len(failures) <= max_restarts:
+            ws = sorted(failures)
+            for w in ws:
+                self.restarts += 1
+                first_line = str(failures[w]).splitlines()[0]
+                logging.getLogger(__name__).warning(
+                    f"SubprocVecEnv: restarting worker {w} (envs {self.envs_of(w)}), restart "
+                    f"{self.restarts} of {max_restarts}: {first_line}"
+                )
+                self._unwatch(w)
+                self.conns[w].close()
+                _close_exit_fd(self.exit_fds[w], self.procs[w])
+                self.pending.pop(w, None)
+                self.replies.pop(w, None)
+                self.timed_out.discard(w)
+            process_control.end_processes([self.procs[w] for w in ws], grace=0.0)
+            for w in ws:
+                self._start(w)
+            failures = {}
+            for w in self._rebuilt(ws, timeout, failures):
+                check_spaces(self.replies.pop(w)[0], expected, first=self.slices[w].start)
+                self._attach(w)
+            for w in self._rebuilt(ws, timeout, failures):
+                n = len(self.envs_of(w))
+                self.send(w, Command.RESET, ([None] * n, None, [True] * n))
+            replies.update({w: self.replies.pop(w) for w in self._rebuilt(ws, timeout, failures)})
+        return replies, failures
 
     def _rebuilt(self, ws: list[int], timeout: float, failures: dict[int, Exception]) -> list[int]:
         """Waits for the rebuilt workers, into `failures`; those of `ws` that have not failed."""
@@ -294,15 +292,14 @@ class WorkerPool:
             self.pending.pop(w, None)
         return [w for w in ws if w not in failures]
 
-    def drain(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive."""
+    def close(self, timeout: float) -> None:
+        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive, so
+        that no worker is left writing one; asks every worker to exit, waits up to `timeout`, then
+        kills what is left and the helpers."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.timed_out and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)
         self.timed_out.update(self.pending)
-
-    def close(self, timeout: float) -> None:
-        """Asks every worker to exit, waits up to `timeout`, then kills what is left and helpers."""
         self.finalizer.detach()
         for fd, proc in zip(self.exit_fds, self.procs, strict=True):
             _close_exit_fd(fd, proc)

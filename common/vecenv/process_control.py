@@ -1,8 +1,6 @@
 """Processes around a SubprocVecEnv: the start method and what its forkserver preloads, the lifeline
 workers watch, ending a worker with the helpers its envs started, and saying how a process ended."""
 
-from __future__ import annotations
-
 import contextlib
 import multiprocessing as mp
 import os
@@ -29,23 +27,19 @@ def default_context() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
-def get_context(context: str) -> Any:
-    ctx = mp.get_context(context)
-    if context == "forkserver":
-        ctx.set_forkserver_preload(["__main__", *(m for m in FORKSERVER_PRELOAD if m in sys.modules)])
-    return ctx
-
-
-def start_helpers(context: str) -> None:
-    """Starts multiprocessing's helper processes, the stop signals held back: a scheduler signals
-    every process of a job, and a forkserver it killed would fail the next restart."""
+def start_context(context: str) -> Any:
+    """The multiprocessing context, its helper processes started with the stop signals held back:
+    a scheduler signals every process of a job, and a forkserver it killed would fail a restart."""
     from multiprocessing import forkserver, resource_tracker
 
+    ctx = mp.get_context(context)
     with stop_signals_blocked():
         resource_tracker.ensure_running()  # it unblocks SIGINT and SIGTERM here once it has started
     if context == "forkserver":
+        ctx.set_forkserver_preload(["__main__", *(m for m in FORKSERVER_PRELOAD if m in sys.modules)])
         with stop_signals_blocked():
             forkserver.ensure_running()
+    return ctx
 
 
 @contextlib.contextmanager

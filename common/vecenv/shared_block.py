@@ -1,8 +1,6 @@
 """The shared-memory block of a SubprocVecEnv: a row per env of rewards, flags, actions and obs,
 which each worker writes in place. Observations that are not one array travel pickled instead."""
 
-from __future__ import annotations
-
 import os
 import tempfile
 from typing import Any

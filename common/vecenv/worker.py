@@ -9,8 +9,6 @@ block. Every message is a Command byte, every answer a Reply byte, each maybe fo
 A worker first says it has started, then builds and describes its envs; a failure sends
 errors.error_report and ends the worker."""
 
-from __future__ import annotations
-
 import contextlib
 import enum
 import mmap
@@ -23,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
@@ -91,6 +90,12 @@ class EnvGroup:
         """The method named for the command (STEP: step, ...); AttributeError for ATTACH or CLOSE."""
         return getattr(self, command.name.lower())(arg)
 
+    def _each(self, items: list) -> Iterator[tuple[int, Any]]:
+        """(k, env k's item), k `current` until the next is asked for."""
+        for k, item in enumerate(items):
+            self.current = k
+            yield k, item
+
     def _store(self, k: int, obs: Any, obs_list: list) -> None:
         if self.obs_view is None:
             obs_list.append(obs)
@@ -107,7 +112,7 @@ class EnvGroup:
         rewards, terminations, truncations = (self.views[k] for k in ("rewards", "terminations", "truncations"))
         extras, obs_list = [], []
         for k, env in enumerate(self.envs):
-            self.current = k
+            self.current = k  # (not _each: the step is the hot path)
             action = actions[k].copy() if self.copy_actions and actions_arg is None else actions[k]
             obs, reward, terminated, truncated, info = env.step(action)
             if terminated or truncated:
@@ -123,8 +128,7 @@ class EnvGroup:
     def reset(self, arg: tuple) -> tuple:
         seeds, options, mask = arg
         obs_list, infos = [], []
-        for k, env in enumerate(self.envs):
-            self.current = k
+        for k, env in self._each(self.envs):
             if not mask[k]:
                 obs_list.append(None)
                 continue
@@ -135,31 +139,21 @@ class EnvGroup:
 
     def call(self, arg: tuple) -> list:
         name, args, kwargs = arg
-        results = []
-        for k, env in enumerate(self.envs):
-            self.current = k
-            attr = env.get_wrapper_attr(name)
-            results.append(attr(*args, **kwargs) if callable(attr) else attr)
-        return results
+        attrs = (env.get_wrapper_attr(name) for _, env in self._each(self.envs))
+        return [attr(*args, **kwargs) if callable(attr) else attr for attr in attrs]
 
     def set_attr(self, arg: tuple) -> None:
         name, values = arg
-        for k, env in enumerate(self.envs):
-            self.current = k
+        for k, env in self._each(self.envs):
             env.set_wrapper_attr(name, values[k])
 
     def save_states(self, arg: None) -> list[dict | None]:
-        states = []
-        for k, env in enumerate(self.envs):
-            self.current = k
-            states.append(env_state.take(env))
-        return states
+        return [env_state.take(env) for _, env in self._each(self.envs)]
 
     def load_states(self, states: list) -> list[str | None]:
         """Each env's state set onto it; for one that does not fit, why (that env then as it was)."""
         reasons = []
-        for k, state in enumerate(states):
-            self.current = k
+        for k, state in self._each(states):
             try:
                 env_state.put(self.envs[k], state)
                 reasons.append(None)
@@ -168,29 +162,17 @@ class EnvGroup:
         return reasons
 
 
-def spin_window(longest: float, gap: float) -> float:
-    """How long a worker polls for its next command: `longest` in a rollout, else a short window."""
-    return longest if gap <= longest else min(longest, SHORT_SPIN)
-
-
-def _end(lifeline: socket.socket, tmpdir: str | None, wait: float) -> None:
-    """Ends this worker and its helpers; a dead trainer's forkserver temp dir is removed first."""
+def _end(lifeline: socket.socket, tmpdir: str | None, wait: float | None) -> None:
+    """Ends this worker and its helpers after up to `wait` s, or (None: the watch thread's,
+    even while env code runs) once the trainer is gone; a dead trainer's forkserver temp dir
+    goes first."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
-    if tmpdir and poller.poll(wait * 1000):  # the trainer is gone: nobody else would remove it
+    if poller.poll(None if wait is None else wait * 1000) and tmpdir:  # nobody else would remove it
         shutil.rmtree(tmpdir, ignore_errors=True)
     if os.getpgid(0) == os.getpid():
         os.killpg(0, signal.SIGKILL)
     os._exit(1)
-
-
-def _watch_trainer(lifeline: socket.socket, tmpdir: str | None) -> None:
-    """A thread: ends this worker once the trainer is gone, even while env code runs."""
-    poller = select.poll()
-    poller.register(lifeline, select.POLLIN)
-    while not poller.poll():
-        pass
-    _end(lifeline, tmpdir, wait=0.0)
 
 
 def worker_main(
@@ -211,7 +193,7 @@ def worker_main(
         os.setpgid(0, 0)  # a process group of its own: the helpers its envs start end with it
     process_control.ignore_stop_signals()
     signal.set_wakeup_fd(-1)  # a forked worker's signals are not the trainer's
-    threading.Thread(target=_watch_trainer, args=(lifeline, tmpdir), name="watch-trainer", daemon=True).start()
+    threading.Thread(target=_end, args=(lifeline, tmpdir, None), name="watch-trainer", daemon=True).start()
     conn, envs, group = Channel(sock), [], None
     doing, k = "make", 0  # what the worker is doing, and to which of its envs: named in any error
     try:
@@ -235,7 +217,8 @@ def worker_main(
         while command is not Command.CLOSE:
             conn.spin(window)
             command, arg = decode(conn.recv())
-            doing, window = command.name.lower(), spin_window(spin, time.perf_counter() - answered)
+            doing = command.name.lower()
+            window = spin if time.perf_counter() - answered <= spin else min(spin, SHORT_SPIN)
             if command is not Command.CLOSE:
                 reply = group.run(command, arg)
                 conn.send(Reply.OK if reply is None else Reply.PAYLOAD + pickle.dumps(reply, PICKLE))
@@ -253,4 +236,4 @@ def worker_main(
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
-            _end(lifeline, tmpdir, wait=0.1)
+            _end(lifeline, tmpdir, wait=0.1 if tmpdir else 0.0)

@@ -55,7 +55,9 @@ class SubprocVecEnv(VectorEnv):
             group's actions; fewer with fewer workers, one if observations travel pickled.
 
     Raises:
-        ValueError: an argument that cannot work. WorkerError, WorkerTimeout: an env failed to build.
+        ValueError: an argument that cannot work (its message names it and what to change).
+        WorkerError: an env raised, or its worker died, while building.
+        WorkerTimeout: an env took longer than the bound to build.
     """
 
     def __init__(
@@ -141,7 +143,8 @@ class SubprocVecEnv(VectorEnv):
             The batched observations and the infos.
 
         Raises:
-            ValueError: seeds not one per env, or a bad reset mask (TypeError: its type or dtype).
+            ValueError: seeds not one per env, or a reset mask of another shape or selecting none.
+            TypeError: a reset mask of another type or dtype.
         """
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()

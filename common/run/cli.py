@@ -2,8 +2,6 @@
 and the exit status: 0 done; 1 a failure (one line, but a bug keeps its traceback); 2 a bad flag or
 file, nothing started; 128 + signal when stopped, after saving."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import os
@@ -37,7 +35,7 @@ class CommandLine:
         return Path(self.argv[0]).name
 
     @classmethod
-    def of(cls, args: Any) -> CommandLine:
+    def of(cls, args: Any) -> "CommandLine":
         """A script's main called from Python: no flag named, no signal handled."""
         path = sys.modules[type(args).__module__].__file__
         return cls([path], frozenset(), StopRequest(Path(path).name))

@@ -1,8 +1,6 @@
 """A run's flags: what a run is (the flags that change what it learns), and the checks both scripts'
 flags get before anything starts (a FlagError naming the flag), the env id and the probe included."""
 
-from __future__ import annotations
-
 import dataclasses
 import difflib
 import importlib

@@ -1,8 +1,6 @@
 """A run of several ranks under torchrun, RankedRun: what they decide together. The script starts the
 process group itself (dist.init_process_group); the end of RankedRun.start destroys it."""
 
-from __future__ import annotations
-
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any

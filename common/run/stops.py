@@ -5,8 +5,6 @@ request; the loop checks it at safe points (`check`) and every wait of the train
 STOP_WITHIN seconds it ends the process, as a second Ctrl-C does unless it comes within SAME_STOP
 seconds of the first (a launcher forwarding it)."""
 
-from __future__ import annotations
-
 import os
 import select
 import signal

@@ -3,8 +3,6 @@
 its command line gave, each resume), summary.json (how it ended) and checkpoint.pt (the state at an
 iteration boundary: values only, read back with weights_only=True)."""
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import errno
@@ -193,26 +191,13 @@ def check_fields(checkpoint: dict, names: Any, where: str, script: str) -> None:
         )
 
 
-def load_state(obj: Any, state: Any, where: str) -> None:
-    """obj.load_state_dict(state); a state that does not fit (a checkpoint of other sizes) is one
-    FlagError."""
-    try:
-        obj.load_state_dict(state)
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
-        why = " ".join(str(exc).split()).replace("Error(s) in loading state_dict for ", "")[:300]
-        raise FlagError(f"{where} does not fit this run's {what} ({why}): another env, or other sizes?") from None
-
-
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (its type's name if it has none), at most `limit`
-    long."""
+    """The first line of an exception's message (else its type's name), at most `limit` long."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
 def copy_state(state: Any) -> Any:
-    """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of
-    deepcopy's time)."""
+    """A state dict's copy that training cannot change (tensors and arrays cloned: deepcopy is slower)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
     if isinstance(state, dict):

@@ -3,12 +3,9 @@ once, the run folder and writer, the envs, the state kept at iteration boundarie
 checkpoints written from it, the stop's safe points, and the one place a run ends. One process:
 RankedRun (ranks.py) is the same under torchrun."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -52,8 +49,6 @@ class Run:
     def __init__(self, args: Any, command_line: CommandLine | None = None):
         self.command_line = command_line or CommandLine.of(args)
         self.script, self.stop = self.command_line.script, self.command_line.stop
-        # the flags to run with, the checkpoint they come from, the flag that named it ("--resume <file>":
-        # messages start with it) and what the start line adds
         named = self.command_line.named
         self.args, self.checkpoint, self.where, self.notes = flags.to_run_with(args, named, self.script)
         flags.check(self.args, flags.batch_rules(self.args, self.ENVS_FLAG, self.world_size))
@@ -93,9 +88,7 @@ class Run:
         Raises:
             FlagError: the checkpoint holds none of one, or one of other sizes.
         """
-        records.check_fields(self.checkpoint, state, self.where, self.script)
-        for name, obj in state.items():
-            records.load_state(obj, self.checkpoint[name], self.where)
+        self._put_back(state)
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
@@ -134,28 +127,22 @@ class Run:
         try:
             yield self.writer
             status = "done"
-        except Stopped as exc:
-            status = f"stopped by {exc}"
-            self._save_on_the_way_out()
-            raise
-        except self.SAVED_ON:
+        except (Stopped, *self.SAVED_ON) as exc:
             # a scheduler signals every process: an env (or a rank) may fail before the signal comes here
-            stopped = self.stop.wait(SIGNAL_LAG)
-            status = f"stopped by {signal.Signals(self.stop.signum).name}" if stopped else "failed"
+            if not isinstance(exc, Stopped) and self.stop.wait(SIGNAL_LAG):
+                exc = Stopped(self.stop.signum)
+            status = f"stopped by {exc}" if isinstance(exc, Stopped) else "failed"
             self._save_on_the_way_out()
-            if stopped:
-                raise Stopped(self.stop.signum) from None
-            raise
+            raise exc from None
         finally:
             self._close(status)
 
     def _resume(self) -> dict:
         """Puts the checkpoint's state into `state`, then holds the run's folder; its summary so far."""
         checkpoint, path, where = self.checkpoint, self.args.resume, self.where
-        names = [name for name in ("iteration", *self.state) if name not in TORCH_GENERATORS]
-        records.check_fields(checkpoint, names, where, self.script)
         if (ranks := checkpoint.get("world_size", 1)) != self.world_size:
             raise FlagError(f"{where} was written with {ranks} ranks; resume it with {ranks}, not {self.world_size}")
+        self._put_back(self.state, "iteration")
         done, total, earlier = checkpoint["iteration"], self.args.total_timesteps, {}
         if self.is_main:
             self.dir = Path(path).parent
@@ -169,15 +156,6 @@ class Run:
             asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
             more = "nothing to do (a larger --total-timesteps continues it)"
             raise Finished(f"{where}: that run finished its {done} iterations already{asked}; {more}")
-        for name, obj in self.state.items():
-            if name not in checkpoint:  # torch's own generators, from a run on another device
-                continue
-            if isinstance(obj, np.random.Generator):
-                obj.bit_generator.state = checkpoint[name][self.rank]
-            elif isinstance(obj, torch.Generator):
-                obj.set_state(checkpoint[name][self.rank])
-            else:
-                records.load_state(obj, checkpoint[name], where)
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations:
             for name, value in flags.schedules(self.args).items():
@@ -197,6 +175,27 @@ class Run:
         except OSError as exc:
             raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
         return earlier
+
+    def _put_back(self, state: dict[str, Any], *needed: str) -> None:
+        """Sets the checkpoint's values onto `state`'s objects (a generator gets this rank's); a FlagError
+        if it lacks one of `needed` or of those (torch's own generators aside), or one of other sizes."""
+        names = [*needed, *(name for name in state if name not in TORCH_GENERATORS)]
+        records.check_fields(self.checkpoint, names, self.where, self.script)
+        for name, obj in state.items():
+            if name not in self.checkpoint:  # torch's own generators, from a run on another device
+                continue
+            if isinstance(obj, np.random.Generator):
+                obj.bit_generator.state = self.checkpoint[name][self.rank]
+            elif isinstance(obj, torch.Generator):
+                obj.set_state(self.checkpoint[name][self.rank])
+            else:
+                try:
+                    obj.load_state_dict(self.checkpoint[name])
+                except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                    what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
+                    why = " ".join(str(exc).split()).replace("Error(s) in loading state_dict for ", "")[:300]
+                    fits = f"does not fit this run's {what} ({why}): another env, or other sizes?"
+                    raise FlagError(f"{self.where} {fits}") from None
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int, groups: int = 1) -> tuple[SubprocVecEnv, Any]:
         """Builds make_env(args, i, dir) for i < num_envs in a SubprocVecEnv laid out as the probe

@@ -52,11 +52,6 @@ def schedules(args: Any) -> dict[str, str]:
     return {name: value for name, value in getattr(type(args), "SCHEDULED", {}).items() if getattr(args, name, False)}
 
 
-def scheduled(record: dict[str, Any]) -> bool:
-    """Whether a run's args.json has a schedule on (records of older versions: --anneal-lr)."""
-    return any(record.get(name) for name in record.get("scheduled", ["anneal_lr"]))
-
-
 def to_run_with(args: Any, named: frozenset[str], script: str) -> tuple[Any, dict | None, str, list[str]]:
     """The flags a run goes with, and the checkpoint they come from.
 

@@ -189,7 +189,7 @@ def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
     trained = saved.get("total_timesteps")
     if not isinstance(trained, int):
         return "not recorded"
-    if flags.scheduled(saved):
+    if any(saved.get(name) for name in saved.get("scheduled", ["anneal_lr"])):  # older records: --anneal-lr
         stretched = [
             change
             for resume in saved.get("resumes", [])

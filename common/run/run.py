@@ -132,7 +132,11 @@ class Run:
             if not isinstance(exc, Stopped) and self.stop.wait(SIGNAL_LAG):
                 exc = Stopped(self.stop.signum)
             status = f"stopped by {exc}" if isinstance(exc, Stopped) else "failed"
-            self._save_on_the_way_out()
+            if self.is_main and self.last is not None and self.last_saved is not self.last:
+                try:
+                    self.save("saving")
+                except RunError as error:  # a full disk: one line, and the previous checkpoint kept
+                    print(f"{self.script}: error: {error}", file=sys.stderr, flush=True)
             raise exc from None
         finally:
             self._close(status)
@@ -275,8 +279,7 @@ class Run:
         return generators, self.envs.save_env_states() if self.envs is not None else None
 
     def _keep(self, done: int, all_ranks: list[tuple[dict, Any]]) -> None:
-        """Keeps the state at the boundary after `done` iterations (all_ranks: every rank's own),
-        and saves it where a save is due."""
+        """Keeps the state after `done` iterations (all_ranks: each rank's own); saves it if due."""
         started = time.perf_counter()
         if self.is_main:
             self.last = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size}
@@ -365,14 +368,6 @@ class Run:
         print(f"eval: mean return {mean} over {len(returns)} episodes{stopped}: [{shown}]", flush=True)
         return returns
 
-    def _save_on_the_way_out(self) -> None:
-        if not self.is_main or self.last is None or self.last_saved is self.last:
-            return
-        try:
-            self.save("saving")
-        except RunError as exc:  # a full disk: said in one line, the previous checkpoint kept
-            print(f"{self.script}: error: {exc}", file=sys.stderr, flush=True)
-
     def _summarize(self, status: str) -> dict[str, Any]:
         on_disk = (self.dir / "checkpoint.pt").exists()
         summary = {"script": self.script, "status": status, **self.progress.summary()}
@@ -386,8 +381,7 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """On rank 0, summary.json and the closing line (Run.cli prints it last). A run stopped while it
-        evaluates its last checkpoint is done."""
+        """Closes the envs; rank 0 writes summary.json and leaves the closing line for Run.cli."""
         if self.envs is not None:
             self.envs.__exit__(*sys.exc_info())  # (with the failure that ends the run, if one does)
         with contextlib.suppress(OSError):  # a full or read-only disk: the run's own line says so

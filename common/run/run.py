@@ -172,12 +172,9 @@ class Run:
         if not self.is_main:
             return {}
         records.hold(self.dir / records.LOCK)
-        try:
-            records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
-            # a kill from now on leaves it running, not as it ended before
-            records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
-        except OSError as exc:
-            raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
+        records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
+        # a kill from now on leaves it running, not as it ended before
+        records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
         return earlier
 
     def _put_back(self, state: dict[str, Any], *needed: str) -> None:

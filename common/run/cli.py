@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..multiprocessing_env import WorkerError
-from . import flags, stops
+from . import flags
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped, StopRequest
 
@@ -64,7 +64,6 @@ def run(main: Callable[[Any, CommandLine], Any], args_type: type, doc: str) -> N
         sys.exit(status)
 
     command_line.stop.install()
-    stops.end_with_launcher()
     threading.excepthook = _quiet_writer_thread
     try:
         flags.check_words(args_type, sys.argv[1:], script)

@@ -76,10 +76,9 @@ def make_run_dir(args: Any, command_line: Any, steps_per_iteration: int, world_s
 
 
 def write_args(run_dir: Path, args: Any, command_line: Any, steps_per_iteration: int, world_size: int, resumed=None):
-    """args.json: the flags the run is trained with, the script's defaults and the fields its
-    first command line named (together, what it was asked for: its identity to a sweep), its
-    scheduled flags, its ranks and the steps of an iteration of them all, and each resume (the
-    checkpoint `resumed`): when, from which iteration and step, and which flags it changed."""
+    """args.json, what a sweep knows the run by: its flags, the script's defaults, the fields its
+    first command line named, its scheduled flags, ranks and steps an iteration, and each resume
+    (from the checkpoint `resumed`): when, from which iteration and step, which flags it changed."""
     path, flags = run_dir / "args.json", dataclasses.asdict(args)
     record = {
         "script": command_line.script,

@@ -26,6 +26,7 @@ KEEP_EVERY = 50
 # seconds a failed env waits for the stop signal that may be on its way
 SIGNAL_LAG = 1.0
 TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
+GENERATORS = (np.random.Generator, torch.Generator)  # random generators: each rank has its own
 
 
 class Run:
@@ -272,7 +273,7 @@ class Run:
 
     def _rank_state(self) -> tuple[dict, Any]:
         """What each rank keeps of its own: its generators' states and its envs'."""
-        generators = {name: _rng_state(obj) for name, obj in self.state.items() if _per_rank(obj)}
+        generators = {name: _rng_state(obj) for name, obj in self.state.items() if isinstance(obj, GENERATORS)}
         return generators, self.envs.save_env_states() if self.envs is not None else None
 
     def _keep(self, done: int, all_ranks: list[tuple[dict, Any]]) -> None:
@@ -284,8 +285,8 @@ class Run:
             self.last["env_states"] = [envs for _, envs in all_ranks]
             self.last |= {"recent_returns": [*self.progress.recent_returns]}
             for name, obj in self.state.items():
-                kept = [g[name] for g, _ in all_ranks] if _per_rank(obj) else records.copy_state(obj.state_dict())
-                self.last[name] = kept
+                per_rank = isinstance(obj, GENERATORS)
+                self.last[name] = [g[name] for g, _ in all_ranks] if per_rank else records.copy_state(obj.state_dict())
         # The first keeping pays for what is done once, so it is not timed: the next one is
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
@@ -402,11 +403,6 @@ class Run:
         with contextlib.suppress(OSError):  # the lock itself ends with the process
             (self.dir / records.LOCK).unlink(missing_ok=True)
         self.command_line.closing = (line, shown != "done")
-
-
-def _per_rank(obj: Any) -> bool:
-    """A random generator: each rank has its own."""
-    return isinstance(obj, (np.random.Generator, torch.Generator))
 
 
 def _rng_state(generator: Any) -> Any:

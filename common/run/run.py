@@ -179,8 +179,8 @@ class Run:
         return earlier
 
     def _put_back(self, state: dict[str, Any], *needed: str) -> None:
-        """Sets the checkpoint's values onto `state`'s objects (a generator gets this rank's); a FlagError
-        if it lacks one of `needed` or of those (torch's own generators aside), or one of other sizes."""
+        """Sets the checkpoint's values onto `state`'s objects (a generator gets this rank's); FlagError
+        if it lacks one of `needed` or of theirs (torch's own generators aside), or one of other sizes."""
         names = [*needed, *(name for name in state if name not in TORCH_GENERATORS)]
         records.check_fields(self.checkpoint, names, self.where, self.script)
         for name, obj in state.items():

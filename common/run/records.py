@@ -196,7 +196,7 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
 
 
 def copy_state(state: Any) -> Any:
-    """A state dict's copy that training cannot change (tensors and arrays cloned: deepcopy is slower)."""
+    """A state dict's copy training cannot change: tensors and arrays cloned (deepcopy is slow)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
     if isinstance(state, dict):

@@ -26,7 +26,7 @@ KEEP_EVERY = 50
 # seconds a failed env waits for the stop signal that may be on its way
 SIGNAL_LAG = 1.0
 TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
-GENERATORS = (np.random.Generator, torch.Generator)  # random generators: each rank has its own
+RNG_TYPES = (np.random.Generator, torch.Generator)  # random generators: each rank has its own
 
 
 class Run:
@@ -179,8 +179,8 @@ class Run:
         return earlier
 
     def _put_back(self, state: dict[str, Any], *needed: str) -> None:
-        """Sets the checkpoint's values onto `state`'s objects (a generator gets this rank's); FlagError
-        if it lacks one of `needed` or of theirs (torch's own generators aside), or one of other sizes."""
+        """Sets the checkpoint's values onto `state`'s objects (generators: this rank's); FlagError
+        if it lacks one of `needed` or of theirs (torch's generators aside) or one does not fit."""
         names = [*needed, *(name for name in state if name not in TORCH_GENERATORS)]
         records.check_fields(self.checkpoint, names, self.where, self.script)
         for name, obj in state.items():
@@ -195,8 +195,8 @@ class Run:
                     obj.load_state_dict(self.checkpoint[name])
                 except (RuntimeError, ValueError, KeyError, TypeError) as exc:
                     what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
-                    why = " ".join(str(exc).split()).replace("Error(s) in loading state_dict for ", "")[:300]
-                    fits = f"does not fit this run's {what} ({why}): another env, or other sizes?"
+                    why = " ".join(str(exc).split()).removeprefix("Error(s) in loading state_dict for ")
+                    fits = f"does not fit this run's {what} ({why[:300]}): another env, or other sizes?"
                     raise FlagError(f"{self.where} {fits}") from None
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int, groups: int = 1) -> tuple[SubprocVecEnv, Any]:
@@ -273,7 +273,7 @@ class Run:
 
     def _rank_state(self) -> tuple[dict, Any]:
         """What each rank keeps of its own: its generators' states and its envs'."""
-        generators = {name: _rng_state(obj) for name, obj in self.state.items() if isinstance(obj, GENERATORS)}
+        generators = {name: _rng_state(obj) for name, obj in self.state.items() if isinstance(obj, RNG_TYPES)}
         return generators, self.envs.save_env_states() if self.envs is not None else None
 
     def _keep(self, done: int, all_ranks: list[tuple[dict, Any]]) -> None:
@@ -285,8 +285,8 @@ class Run:
             self.last["env_states"] = [envs for _, envs in all_ranks]
             self.last |= {"recent_returns": [*self.progress.recent_returns]}
             for name, obj in self.state.items():
-                per_rank = isinstance(obj, GENERATORS)
-                self.last[name] = [g[name] for g, _ in all_ranks] if per_rank else records.copy_state(obj.state_dict())
+                is_rng = isinstance(obj, RNG_TYPES)
+                self.last[name] = [g[name] for g, _ in all_ranks] if is_rng else records.copy_state(obj.state_dict())
         # The first keeping pays for what is done once, so it is not timed: the next one is
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()

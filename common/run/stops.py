@@ -31,9 +31,9 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (main thread,
-    Run.cli's) makes the stop signals requests (but SIGHUP where nohup ignores it), and its launcher's
-    death a SIGTERM (under torchrun, or a launcher that set END_WITH_PARENT to its pid). With `at_once`
+    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (main
+    thread, Run.cli's) makes the stop signals requests (but SIGHUP where nohup ignores it), and its
+    launcher's death a SIGTERM (torchrun's agent, or the pid END_WITH_PARENT names). With `at_once`
     set, a stop ends the process at once (a wait in C code no signal interrupts, before there is
     anything to save)."""
 

@@ -1,5 +1,4 @@
-"""The run plumbing both scripts share: Run (run.py) and, for several ranks, RankedRun
-(ranks.py)."""
+"""The run plumbing both scripts share: Run (run.py), and RankedRun (ranks.py) for several ranks."""
 
 from .run import Run
 

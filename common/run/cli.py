@@ -2,8 +2,6 @@
 and the exit status: 0 done; 1 a failure (one line, but a bug keeps its traceback); 2 a bad flag or
 file, nothing started; 128 + signal when stopped, after saving."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import os
@@ -15,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..multiprocessing_env import WorkerError
-from . import flags, stops
+from . import flags
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped, StopRequest
 
@@ -37,7 +35,7 @@ class CommandLine:
         return Path(self.argv[0]).name
 
     @classmethod
-    def of(cls, args: Any) -> CommandLine:
+    def of(cls, args: Any) -> "CommandLine":
         """A script's main called from Python: no flag named, no signal handled."""
         path = sys.modules[type(args).__module__].__file__
         return cls([path], frozenset(), StopRequest(Path(path).name))
@@ -66,7 +64,6 @@ def run(main: Callable[[Any, CommandLine], Any], args_type: type, doc: str) -> N
         sys.exit(status)
 
     command_line.stop.install()
-    stops.end_with_launcher()
     threading.excepthook = _quiet_writer_thread
     try:
         flags.check_words(args_type, sys.argv[1:], script)

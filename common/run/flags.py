@@ -1,7 +1,4 @@
-"""A run's flags: what a run is (the flags that change what it learns), and the checks both scripts'
-flags get before anything starts (a FlagError naming the flag), the env id and the probe included."""
-
-from __future__ import annotations
+"""A run's flags: those that change what it learns, and their checks before anything starts."""
 
 import dataclasses
 import difflib
@@ -39,8 +36,7 @@ def flag(name: str) -> str:
 
 
 def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{field: (its value in flags, in other)} for each flag that changes what a run learns (neither
-    TOLERATED nor total_timesteps) and has another value in `other`."""
+    """{field: (in flags, in other)} for the flags that change what a run learns and differ."""
     return {
         name: (value, other.get(name))
         for name, value in flags.items()
@@ -49,14 +45,8 @@ def differing(flags: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[A
 
 
 def schedules(args: Any) -> dict[str, str]:
-    """The flags of its Args' SCHEDULED that are on ({"anneal_lr": "learning_rate"}: the flag, and the
-    value it takes linearly to 0 over --total-timesteps)."""
+    """The SCHEDULED flags on: {"anneal_lr": "learning_rate"}, the value it takes linearly to 0."""
     return {name: value for name, value in getattr(type(args), "SCHEDULED", {}).items() if getattr(args, name, False)}
-
-
-def scheduled(record: dict[str, Any]) -> bool:
-    """Whether a run's args.json has a schedule on (records of older versions: --anneal-lr)."""
-    return any(record.get(name) for name in record.get("scheduled", ["anneal_lr"]))
 
 
 def to_run_with(args: Any, named: frozenset[str], script: str) -> tuple[Any, dict | None, str, list[str]]:
@@ -127,8 +117,7 @@ def to_run_with(args: Any, named: frozenset[str], script: str) -> tuple[Any, dic
 
 
 def spellings(args_type: type) -> dict[str, str]:
-    """Every way a command line may name a field of args_type: {"--num-envs": "num_envs", "--num_envs":
-    ..., "--no-norm-obs": "norm_obs", ...}."""
+    """Each field's spellings on a command line: {"--num-envs": "num_envs", "--no-x": "x", ...}."""
     spelled = {}
     for f in dataclasses.fields(args_type):
         for name in {f.name.replace("_", "-"), f.name}:
@@ -137,8 +126,7 @@ def spellings(args_type: type) -> dict[str, str]:
 
 
 def named_fields(args_type: type, argv: list[str]) -> frozenset[str]:
-    """The fields of args_type the words of a command line name (--norm-obs and --no-norm-obs both
-    name norm_obs)."""
+    """The fields of args_type a command line names (--norm-obs, --no-norm-obs: norm_obs)."""
     spelled = spellings(args_type)
     return frozenset(spelled[word] for word in (w.split("=", 1)[0] for w in argv) if word in spelled)
 
@@ -249,8 +237,7 @@ def check_words(args_type: type, argv: list[str], script: str) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Imports the module of a module:EnvId id and checks the id is registered (naming close
-    matches if not)."""
+    """Imports the module of a module:EnvId id; FlagError unless the id is registered."""
     import ale_py
 
     gym.register_envs(ale_py)  # Atari ids are known, so a script can say which ones are for it

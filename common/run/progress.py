@@ -1,8 +1,6 @@
 """What a run says as it goes: the progress line, the numbers of its summary, and the TensorBoard
 writer its numbers go to (mirrored to wandb with --track; ranks other than 0 write nothing)."""
 
-from __future__ import annotations
-
 import collections
 import dataclasses
 import time

@@ -1,8 +1,6 @@
 """A run of several ranks under torchrun, RankedRun: what they decide together. The script starts the
 process group itself (dist.init_process_group); the end of RankedRun.start destroys it."""
 
-from __future__ import annotations
-
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -61,10 +59,9 @@ class RankedRun(Run):
                 dist.destroy_process_group()
 
     def _collective(self, collective: Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """collective(*args, **kwargs), a failure taken for a lost rank (LostRank): where a peer is gone,
-        gloo raises a bare RuntimeError and NCCL a DistBackendError (a RuntimeError too), so no type
-        tells it from other failures. DDP's backward is not ours: under gloo a rank lost there ends in
-        its traceback."""
+        """collective(*args, **kwargs), a RuntimeError taken for a lost rank (LostRank): gloo
+        raises a bare one where a peer is gone, NCCL a DistBackendError. DDP's backward is not
+        ours: under gloo, a rank lost there ends in its traceback."""
         try:
             return collective(*args, **kwargs)
         except RuntimeError as exc:

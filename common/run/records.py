@@ -3,8 +3,6 @@
 its command line gave, each resume), summary.json (how it ended) and checkpoint.pt (the state at an
 iteration boundary: values only, read back with weights_only=True)."""
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import errno
@@ -78,10 +76,9 @@ def make_run_dir(args: Any, command_line: Any, steps_per_iteration: int, world_s
 
 
 def write_args(run_dir: Path, args: Any, command_line: Any, steps_per_iteration: int, world_size: int, resumed=None):
-    """args.json: the flags the run is trained with, the script's defaults and the fields its
-    first command line named (together, what it was asked for: its identity to a sweep), its
-    scheduled flags, its ranks and the steps of an iteration of them all, and each resume (the
-    checkpoint `resumed`): when, from which iteration and step, and which flags it changed."""
+    """args.json, what a sweep knows the run by: its flags, the script's defaults, the fields its
+    first command line named, its scheduled flags, ranks and steps an iteration, and each resume
+    (from the checkpoint `resumed`): when, from which iteration and step, which flags it changed."""
     path, flags = run_dir / "args.json", dataclasses.asdict(args)
     record = {
         "script": command_line.script,
@@ -193,26 +190,13 @@ def check_fields(checkpoint: dict, names: Any, where: str, script: str) -> None:
         )
 
 
-def load_state(obj: Any, state: Any, where: str) -> None:
-    """obj.load_state_dict(state); a state that does not fit (a checkpoint of other sizes) is one
-    FlagError."""
-    try:
-        obj.load_state_dict(state)
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
-        why = " ".join(str(exc).split()).replace("Error(s) in loading state_dict for ", "")[:300]
-        raise FlagError(f"{where} does not fit this run's {what} ({why}): another env, or other sizes?") from None
-
-
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (its type's name if it has none), at most `limit`
-    long."""
+    """The first line of an exception's message (else its type's name), at most `limit` long."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
 def copy_state(state: Any) -> Any:
-    """A copy of a state dict that training cannot change: tensors and arrays cloned (a tenth of
-    deepcopy's time)."""
+    """A state dict's copy training cannot change: tensors and arrays cloned (deepcopy is slow)."""
     if isinstance(state, (torch.Tensor, np.ndarray)):
         return state.clone() if isinstance(state, torch.Tensor) else state.copy()
     if isinstance(state, dict):

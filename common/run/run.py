@@ -3,12 +3,9 @@ once, the run folder and writer, the envs, the state kept at iteration boundarie
 checkpoints written from it, the stop's safe points, and the one place a run ends. One process:
 RankedRun (ranks.py) is the same under torchrun."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +26,7 @@ KEEP_EVERY = 50
 # seconds a failed env waits for the stop signal that may be on its way
 SIGNAL_LAG = 1.0
 TORCH_GENERATORS = ("torch_rng", "torch_cuda_rng")  # the generators start() keeps without asking
+RNG_TYPES = (np.random.Generator, torch.Generator)  # random generators: each rank has its own
 
 
 class Run:
@@ -52,8 +50,6 @@ class Run:
     def __init__(self, args: Any, command_line: CommandLine | None = None):
         self.command_line = command_line or CommandLine.of(args)
         self.script, self.stop = self.command_line.script, self.command_line.stop
-        # the flags to run with, the checkpoint they come from, the flag that named it ("--resume <file>":
-        # messages start with it) and what the start line adds
         named = self.command_line.named
         self.args, self.checkpoint, self.where, self.notes = flags.to_run_with(args, named, self.script)
         flags.check(self.args, flags.batch_rules(self.args, self.ENVS_FLAG, self.world_size))
@@ -93,9 +89,7 @@ class Run:
         Raises:
             FlagError: the checkpoint holds none of one, or one of other sizes.
         """
-        records.check_fields(self.checkpoint, state, self.where, self.script)
-        for name, obj in state.items():
-            records.load_state(obj, self.checkpoint[name], self.where)
+        self._put_back(state)
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
@@ -134,28 +128,26 @@ class Run:
         try:
             yield self.writer
             status = "done"
-        except Stopped as exc:
-            status = f"stopped by {exc}"
-            self._save_on_the_way_out()
-            raise
-        except self.SAVED_ON:
+        except (Stopped, *self.SAVED_ON) as exc:
             # a scheduler signals every process: an env (or a rank) may fail before the signal comes here
-            stopped = self.stop.wait(SIGNAL_LAG)
-            status = f"stopped by {signal.Signals(self.stop.signum).name}" if stopped else "failed"
-            self._save_on_the_way_out()
-            if stopped:
-                raise Stopped(self.stop.signum) from None
-            raise
+            if not isinstance(exc, Stopped) and self.stop.wait(SIGNAL_LAG):
+                exc = Stopped(self.stop.signum)
+            status = f"stopped by {exc}" if isinstance(exc, Stopped) else "failed"
+            if self.is_main and self.last is not None and self.last_saved is not self.last:
+                try:
+                    self.save("saving")
+                except RunError as error:  # a full disk: one line, and the previous checkpoint kept
+                    print(f"{self.script}: error: {error}", file=sys.stderr, flush=True)
+            raise exc from None
         finally:
             self._close(status)
 
     def _resume(self) -> dict:
         """Puts the checkpoint's state into `state`, then holds the run's folder; its summary so far."""
         checkpoint, path, where = self.checkpoint, self.args.resume, self.where
-        names = [name for name in ("iteration", *self.state) if name not in TORCH_GENERATORS]
-        records.check_fields(checkpoint, names, where, self.script)
         if (ranks := checkpoint.get("world_size", 1)) != self.world_size:
             raise FlagError(f"{where} was written with {ranks} ranks; resume it with {ranks}, not {self.world_size}")
+        self._put_back(self.state, "iteration")
         done, total, earlier = checkpoint["iteration"], self.args.total_timesteps, {}
         if self.is_main:
             self.dir = Path(path).parent
@@ -169,15 +161,6 @@ class Run:
             asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
             more = "nothing to do (a larger --total-timesteps continues it)"
             raise Finished(f"{where}: that run finished its {done} iterations already{asked}; {more}")
-        for name, obj in self.state.items():
-            if name not in checkpoint:  # torch's own generators, from a run on another device
-                continue
-            if isinstance(obj, np.random.Generator):
-                obj.bit_generator.state = checkpoint[name][self.rank]
-            elif isinstance(obj, torch.Generator):
-                obj.set_state(checkpoint[name][self.rank])
-            else:
-                records.load_state(obj, checkpoint[name], where)
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations:
             for name, value in flags.schedules(self.args).items():
@@ -190,13 +173,31 @@ class Run:
         if not self.is_main:
             return {}
         records.hold(self.dir / records.LOCK)
-        try:
-            records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
-            # a kill from now on leaves it running, not as it ended before
-            records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
-        except OSError as exc:
-            raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
+        records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
+        # a kill from now on leaves it running, not as it ended before
+        records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
         return earlier
+
+    def _put_back(self, state: dict[str, Any], *needed: str) -> None:
+        """Sets the checkpoint's values onto `state`'s objects (generators: this rank's); FlagError
+        if it lacks one of `needed` or of theirs (torch's generators aside) or one does not fit."""
+        names = [*needed, *(name for name in state if name not in TORCH_GENERATORS)]
+        records.check_fields(self.checkpoint, names, self.where, self.script)
+        for name, obj in state.items():
+            if name not in self.checkpoint:  # torch's own generators, from a run on another device
+                continue
+            if isinstance(obj, np.random.Generator):
+                obj.bit_generator.state = self.checkpoint[name][self.rank]
+            elif isinstance(obj, torch.Generator):
+                obj.set_state(self.checkpoint[name][self.rank])
+            else:
+                try:
+                    obj.load_state_dict(self.checkpoint[name])
+                except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                    what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
+                    why = " ".join(str(exc).split()).removeprefix("Error(s) in loading state_dict for ")
+                    fits = f"does not fit this run's {what} ({why[:300]}): another env, or other sizes?"
+                    raise FlagError(f"{self.where} {fits}") from None
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int, groups: int = 1) -> tuple[SubprocVecEnv, Any]:
         """Builds make_env(args, i, dir) for i < num_envs in a SubprocVecEnv laid out as the probe
@@ -272,12 +273,11 @@ class Run:
 
     def _rank_state(self) -> tuple[dict, Any]:
         """What each rank keeps of its own: its generators' states and its envs'."""
-        generators = {name: _rng_state(obj) for name, obj in self.state.items() if _per_rank(obj)}
+        generators = {name: _rng_state(obj) for name, obj in self.state.items() if isinstance(obj, RNG_TYPES)}
         return generators, self.envs.save_env_states() if self.envs is not None else None
 
     def _keep(self, done: int, all_ranks: list[tuple[dict, Any]]) -> None:
-        """Keeps the state at the boundary after `done` iterations (all_ranks: every rank's own),
-        and saves it where a save is due."""
+        """Keeps the state after `done` iterations (all_ranks: each rank's own); saves it if due."""
         started = time.perf_counter()
         if self.is_main:
             self.last = {"script": self.script, "args": dataclasses.asdict(self.args), "world_size": self.world_size}
@@ -285,8 +285,8 @@ class Run:
             self.last["env_states"] = [envs for _, envs in all_ranks]
             self.last |= {"recent_returns": [*self.progress.recent_returns]}
             for name, obj in self.state.items():
-                kept = [g[name] for g, _ in all_ranks] if _per_rank(obj) else records.copy_state(obj.state_dict())
-                self.last[name] = kept
+                is_rng = isinstance(obj, RNG_TYPES)
+                self.last[name] = [g[name] for g, _ in all_ranks] if is_rng else records.copy_state(obj.state_dict())
         # The first keeping pays for what is done once, so it is not timed: the next one is
         self.keeping = time.perf_counter() - started if self.kept_at is not None else 0.0
         self.kept_at = time.perf_counter()
@@ -366,14 +366,6 @@ class Run:
         print(f"eval: mean return {mean} over {len(returns)} episodes{stopped}: [{shown}]", flush=True)
         return returns
 
-    def _save_on_the_way_out(self) -> None:
-        if not self.is_main or self.last is None or self.last_saved is self.last:
-            return
-        try:
-            self.save("saving")
-        except RunError as exc:  # a full disk: said in one line, the previous checkpoint kept
-            print(f"{self.script}: error: {exc}", file=sys.stderr, flush=True)
-
     def _summarize(self, status: str) -> dict[str, Any]:
         on_disk = (self.dir / "checkpoint.pt").exists()
         summary = {"script": self.script, "status": status, **self.progress.summary()}
@@ -387,8 +379,7 @@ class Run:
         return summary
 
     def _close(self, status: str) -> None:
-        """On rank 0, summary.json and the closing line (Run.cli prints it last). A run stopped while it
-        evaluates its last checkpoint is done."""
+        """Closes the envs; rank 0 writes summary.json and leaves the closing line for Run.cli."""
         if self.envs is not None:
             self.envs.__exit__(*sys.exc_info())  # (with the failure that ends the run, if one does)
         with contextlib.suppress(OSError):  # a full or read-only disk: the run's own line says so
@@ -412,11 +403,6 @@ class Run:
         with contextlib.suppress(OSError):  # the lock itself ends with the process
             (self.dir / records.LOCK).unlink(missing_ok=True)
         self.command_line.closing = (line, shown != "done")
-
-
-def _per_rank(obj: Any) -> bool:
-    """A random generator: each rank has its own."""
-    return isinstance(obj, (np.random.Generator, torch.Generator))
 
 
 def _rng_state(generator: Any) -> Any:

@@ -5,8 +5,7 @@ request; the loop checks it at safe points (`check`) and every wait of the train
 STOP_WITHIN seconds it ends the process, as a second Ctrl-C does unless it comes within SAME_STOP
 seconds of the first (a launcher forwarding it)."""
 
-from __future__ import annotations
-
+import ctypes
 import os
 import select
 import signal
@@ -32,8 +31,9 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (main thread,
-    Run.cli's) makes the stop signals requests (but SIGHUP where nohup ignores it). With `at_once`
+    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (main
+    thread, Run.cli's) makes the stop signals requests (but SIGHUP where nohup ignores it), and its
+    launcher's death a SIGTERM (torchrun's agent, or the pid END_WITH_PARENT names). With `at_once`
     set, a stop ends the process at once (a wait in C code no signal interrupts, before there is
     anything to save)."""
 
@@ -52,6 +52,14 @@ class StopRequest:
         for signum in STOP_SIGNALS - ({signal.SIGHUP} if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else set()):
             signal.signal(signum, self._record)
         threading.Thread(target=self._watch, args=(signals_r,), name="stop-watch", daemon=True).start()
+        # the launcher's death stops this run (and it saves), even while this process was starting
+        launcher = os.environ.pop(END_WITH_PARENT, "")  # not passed on to what this run starts
+        torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
+        if (torchrun or launcher.isdigit()) and sys.platform.startswith("linux"):
+            parent = os.getppid() if torchrun else int(launcher)
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # it died before we asked
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def ignore(self) -> None:
         """Stop signals change nothing from now on (the run is over; its process is exiting)."""
@@ -100,18 +108,3 @@ class StopRequest:
     def _end_now(self, message: str, status: int) -> None:
         print(f"{self.script}: {message}", file=sys.stderr, flush=True)
         os._exit(status)
-
-
-def end_with_launcher() -> None:
-    """Under torchrun, or a launcher that set END_WITH_PARENT to its pid (a sweep): SIGTERM to this
-    run when its launcher dies, even while this process was starting, so that it stops and saves."""
-    launcher = os.environ.pop(END_WITH_PARENT, "")  # not passed on to what this run starts
-    torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # its agent is the parent
-    if not (torchrun or launcher.isdigit()) or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid() if torchrun else int(launcher)
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before we asked
-        os.kill(os.getpid(), signal.SIGTERM)

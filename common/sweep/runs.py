@@ -189,7 +189,8 @@ def other_length(total: int, saved: dict[str, Any], reached: int) -> str | None:
     trained = saved.get("total_timesteps")
     if not isinstance(trained, int):
         return "not recorded"
-    if flags.scheduled(saved):
+    # a schedule on (records of older versions: --anneal-lr)
+    if any(saved.get(name) for name in saved.get("scheduled", ["anneal_lr"])):
         stretched = [
             change
             for resume in saved.get("resumes", [])

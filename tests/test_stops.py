@@ -56,11 +56,13 @@ def test_a_call_a_stop_ended_is_drained_on_close():
     """The stop ends a wait for a large reply (a periodic save's env states): close() reads it, so
     that the worker is not left writing it, and needs no kill."""
     request = StopRequest()
-    envs = SubprocVecEnv([BigReplyEnv] * 2, num_workers=2, interrupt=request)
+    envs = SubprocVecEnv([BigReplyEnv] * 2, num_workers=2, interrupt=request, close_timeout=30.0)
     ask_later(request, 0.1)
     with pytest.raises(Stopped):
         envs.call("big")
-    assert timed(envs.close) < 3  # without the drain: close_timeout (5 s), then a kill
+    workers = list(envs._pool.procs)
+    # without the drain, a kill: at once for a worker taken as stuck, else after close_timeout (30 s)
+    assert timed(envs.close) < 15 and [worker.exitcode for worker in workers] == [0, 0]
 
 
 def test_a_stop_ends_the_wait_for_the_workers_to_build():

@@ -130,24 +130,28 @@ class Run:
             status = "done"
         except (Stopped, *self.SAVED_ON) as exc:
             # a scheduler signals every process: an env (or a rank) may fail before the signal comes here
-            if not isinstance(exc, Stopped) and self.stop.wait(SIGNAL_LAG):
-                exc = Stopped(self.stop.signum)
-            status = f"stopped by {exc}" if isinstance(exc, Stopped) else "failed"
+            stopped = exc if isinstance(exc, Stopped) else None
+            if stopped is None and self.stop.wait(SIGNAL_LAG):
+                stopped = Stopped(self.stop.signum)
+            status = f"stopped by {stopped}" if stopped else "failed"
             if self.is_main and self.last is not None and self.last_saved is not self.last:
                 try:
                     self.save("saving")
                 except RunError as error:  # a full disk: one line, and the previous checkpoint kept
                     print(f"{self.script}: error: {error}", file=sys.stderr, flush=True)
-            raise exc from None
+            if stopped is None or stopped is exc:
+                raise
+            raise stopped from None
         finally:
             self._close(status)
 
     def _resume(self) -> dict:
         """Puts the checkpoint's state into `state`, then holds the run's folder; its summary so far."""
         checkpoint, path, where = self.checkpoint, self.args.resume, self.where
+        names = [name for name in ("iteration", *self.state) if name not in TORCH_GENERATORS]
+        records.check_fields(checkpoint, names, where, self.script)
         if (ranks := checkpoint.get("world_size", 1)) != self.world_size:
             raise FlagError(f"{where} was written with {ranks} ranks; resume it with {ranks}, not {self.world_size}")
-        self._put_back(self.state, "iteration")
         done, total, earlier = checkpoint["iteration"], self.args.total_timesteps, {}
         if self.is_main:
             self.dir = Path(path).parent
@@ -161,6 +165,7 @@ class Run:
             asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
             more = "nothing to do (a larger --total-timesteps continues it)"
             raise Finished(f"{where}: that run finished its {done} iterations already{asked}; {more}")
+        self._put_back(self.state)  # (a finished run's checkpoint need not fit: nothing is loaded above)
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations:
             for name, value in flags.schedules(self.args).items():
@@ -173,15 +178,18 @@ class Run:
         if not self.is_main:
             return {}
         records.hold(self.dir / records.LOCK)
-        records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
-        # a kill from now on leaves it running, not as it ended before
-        records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
+        try:
+            records.write_args(self.dir, self.args, self.command_line, self.steps, self.world_size, checkpoint)
+            # a kill from now on leaves it running, not as it ended before
+            records.write_json(self.dir / "summary.json", {**earlier, "status": "running"})
+        except OSError as exc:  # a full disk names no file: say where
+            raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
         return earlier
 
-    def _put_back(self, state: dict[str, Any], *needed: str) -> None:
+    def _put_back(self, state: dict[str, Any]) -> None:
         """Sets the checkpoint's values onto `state`'s objects (generators: this rank's); FlagError
-        if it lacks one of `needed` or of theirs (torch's generators aside) or one does not fit."""
-        names = [*needed, *(name for name in state if name not in TORCH_GENERATORS)]
+        if it lacks one of theirs (torch's generators aside) or one does not fit."""
+        names = [name for name in state if name not in TORCH_GENERATORS]
         records.check_fields(self.checkpoint, names, self.where, self.script)
         for name, obj in state.items():
             if name not in self.checkpoint:  # torch's own generators, from a run on another device

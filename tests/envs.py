@@ -338,15 +338,11 @@ class Paced(gym.Wrapper):
         return self.env.step(action)
 
 
-def paced(name: str, seconds: float = 0.001, **kwargs) -> gym.Env:
-    return Paced(gym.make(name, **kwargs).unwrapped, seconds)
+def paced(name: str, **kwargs) -> gym.Env:
+    return Paced(gym.make(name, **kwargs).unwrapped)
 
 
 gym.register("PacedCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1"}, max_episode_steps=500)
-# 8 ms a step: a run lasts minutes on a few seconds of CPU (a test that waits for Slurm's time limit)
-gym.register(
-    "SlowCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1", "seconds": 0.008}, max_episode_steps=500
-)
 gym.register("PacedPendulum-v1", entry_point=paced, kwargs={"name": "Pendulum-v1"}, max_episode_steps=200)
 
 

@@ -413,7 +413,7 @@ class SubprocVecEnv(VectorEnv):
     def _report_restart(self, w: int, reply: tuple, infos: dict) -> dict:
         """A restarted worker's envs: truncated, reward 0, final_obs a copy of the last obs."""
         sl, views, mark = self._pool.slices[w], self._views, {"worker_restart": True}
-        last_obs = list(iterate(self.observation_space, copy.deepcopy(self._last_obs)))[sl]
+        last_obs = copy.deepcopy(list(iterate(self.observation_space, self._last_obs))[sl])  # only its envs'
         views["rewards"][sl], views["terminations"][sl], views["truncations"][sl] = 0.0, False, True
         extras = [(k, (last_obs[k], dict(mark)), dict(info, **mark)) for k, _, info in reply[1]]
         return self._take_reply(w, (reply[0], extras), infos)

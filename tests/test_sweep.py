@@ -4,6 +4,7 @@ inputs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from common.sweep import report, runs
+from common.sweep import report, runs, submitted
 from common.sweep.__main__ import main as sweep_main
 from tests.helpers import LONG, REPO, VEC_TINY, run_command
 
@@ -158,12 +159,44 @@ def test_a_requeued_job_stops_its_run_first_while_the_job_waits_for_it(tmp_path)
     assert job.proc is None and again.args == (run,) and again.function is job
 
 
+class RequeuedJob:
+    """A Slurm array task as submitit shows it while Slurm requeues it: done() (sacct showed an ended
+    state for a moment), no result yet; the result comes a second later."""
+
+    def __init__(self, folder):
+        self.job_id, self.state = "7_0", "PENDING"
+        self.paths = argparse.Namespace(result_pickle=folder / "7_0_result.pkl")
+        threading.Timer(1.0, self.paths.result_pickle.write_text, ("done",)).start()
+
+    def done(self):
+        return True
+
+    def result(self):
+        return {"did": self.paths.result_pickle.read_text()}
+
+
+def test_a_job_slurm_still_holds_is_waited_for_though_submitit_says_it_ended(tmp_path, monkeypatch):
+    """submitit's done() asks sacct, which showed a task being requeued as ended: the sweep asks Slurm's
+    controller (scontrol), waits while the job is pending or running there, and gets its result."""
+    job = RequeuedJob(tmp_path)
+    scontrol = tmp_path / "bin" / "scontrol"  # Slurm's answer: pending until the result is written
+    scontrol.parent.mkdir()
+    scontrol.write_text(f"#!/bin/sh\n[ -e {job.paths.result_pickle} ] && s=COMPLETED || s=PENDING\necho JobState=$s\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{scontrol.parent}{os.pathsep}{os.environ['PATH']}")
+    executor = argparse.Namespace(map_array=lambda function, runs: [job])
+    monkeypatch.setattr(submitted, "submitit_executor", lambda args: executor)
+    args = argparse.Namespace(executor="slurm", again="")
+    start = time.monotonic()
+    assert submitted.run_submitted([None], args) == [{"did": "done"}]
+    assert time.monotonic() - start < 30
+
+
 def test_a_sweep_says_what_to_install_before_any_run(tmp_path, monkeypatch, capsys):
     """Its report's curves need matplotlib, SLURM needs submitit: said before any run trains. Its
     statistics need nothing beyond numpy."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("")
-    monkeypatch.setattr(sweep_main.__globals__["find_spec"].__self__ if False else report, "__name__", report.__name__)
     monkeypatch.setitem(sweep_main.__globals__, "find_spec", lambda name: None)
     with pytest.raises(SystemExit) as ended:
         sweep_main(["s.py", "--env-ids", "CartPole-v1", "--report", "r"])

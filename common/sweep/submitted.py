@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,24 @@ def submitit_executor(args: argparse.Namespace) -> Any:
     return executor
 
 
+# Slurm's states of a job that has ended (`scontrol show job`'s JobState); any other, it may still run
+ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+
+
+def slurm_holds(job: Any) -> bool:
+    """True while a job with no result is one Slurm's controller still has pending or running. submitit
+    asks sacct, which can show an array task that is being requeued as ended for a moment (the sweep
+    then said "ended with no result (PENDING)" and exited while the job came back and finished)."""
+    if job.paths.result_pickle.exists():
+        return False
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False  # no answer: submitit's word stands
+    state = shown.stdout.partition("JobState=")[2].split()[:1]
+    return bool(state) and state[0] not in ENDED  # no state: Slurm forgot the job, which has ended
+
+
 def run_submitted(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run as a job; one outcome each, in order. A stop of the sweep (Ctrl-C) cancels the jobs
     not ended (their runs save, SIGTERM being a stop) and says how to go on, at once."""
@@ -46,9 +65,14 @@ def run_submitted(runs: list[Run], args: argparse.Namespace) -> list[dict[str, A
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     jobs = executor.map_array(RunJob(), runs)
     print(f"submitted {len(jobs)} jobs ({', '.join(job.job_id for job in jobs[:3])}...)", flush=True)
-    while STOP.signum is None and not all(job.done() for job in jobs):
+    slurm = args.executor == "slurm"
+
+    def ended(job: Any) -> bool:
+        return job.done() and not (slurm and slurm_holds(job))
+
+    while STOP.signum is None and not all(ended(job) for job in jobs):
         time.sleep(1.0)  # a stop signal's handler returns here, and the loop sees it
-    cancelled = [] if STOP.signum is None else [job for job in jobs if not job.done()]
+    cancelled = [] if STOP.signum is None else [job for job in jobs if not ended(job)]
     for job in cancelled:
         job.cancel(check=False)
     if cancelled:

@@ -85,7 +85,7 @@ def descendants(root: int | None = None) -> set[int]:
             if child not in found and alive(child):
                 found.add(child)
                 stack.append(child)
-    return found
+    return found - {Preloaded.pid()}  # run_script's server, not a run's
 
 
 def descendants_with_helpers_running() -> set[int]:
@@ -126,8 +126,108 @@ def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | Non
 
 
 def run_script(script, args, cwd, timeout=300, extra_env=None):
-    """Runs a script as a user would: a subprocess with a list argv, an absolute path and its own cwd."""
-    return run_command([sys.executable, str(script), *map(str, args)], cwd, timeout, extra_env)
+    """Runs a script as a user would: a process of its own with a list argv, an absolute path, its own
+    cwd and session, and its exit status. One of the scripts here, with no extra_env, runs in a fork of
+    a process that imported what they import (torch, the optimizer's torch._dynamo: 5 of the 7 CPU
+    seconds a tiny run costs), as __main__ from its path with the argv, environment and sys.path of
+    `python script.py ...`, ending as that interpreter would; PPO_VEC_TESTS_PLAIN=1, a fresh
+    interpreter for every run."""
+    command = [sys.executable, str(script), *map(str, args)]
+    if extra_env or Path(script).parent != REPO or os.environ.get("PPO_VEC_TESTS_PLAIN"):
+        return run_command(command, cwd, timeout, extra_env)
+    return Preloaded.run(command, cwd, timeout)
+
+
+# Serves run_script: forks itself for each script run asked over its socket, replies the fork's pid, then
+# its exit status. The fork leaves the loop and runs the script at the top level, so that an exception or
+# SystemExit ends it as it ends `python script.py` (atexit, threads joined, the same status).
+_SERVER = r"""
+import contextlib, json, os, runpy, select, socket, sys, torch
+torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # its first optimizer imports torch._dynamo
+import ppo_vec
+
+def serve(server):
+    forks = {}  # pid: the connection that waits for its status
+    while True:
+        readable = select.select([server, sys.stdin], [], [], 0.05)[0]
+        if sys.stdin in readable:  # the tests' process ended
+            sys.exit(0)
+        if server in readable:
+            connection = server.accept()[0]
+            request = json.loads(connection.makefile().readline())
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                for other in [connection, *forks.values()]:
+                    other.close()
+                return request
+            connection.sendall(b"%d\n" % pid)
+            forks[pid] = connection
+        while forks and (ended := os.waitpid(-1, os.WNOHANG))[0]:
+            with forks.pop(ended[0]) as connection, contextlib.suppress(OSError):  # gone if its test timed out
+                connection.sendall(b"%d\n" % os.waitstatus_to_exitcode(ended[1]))
+
+server = socket.socket(socket.AF_UNIX)
+server.bind(sys.argv[1])
+server.listen()
+print("ready", flush=True)
+argv, cwd, env, out, err = serve(server)
+os.setsid()
+os.chdir(cwd)
+os.environ.clear()
+os.environ.update(env)
+sys.path[0] = os.path.dirname(argv[0])
+sys.path[1:1] = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and path not in sys.path]
+for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out, os.O_WRONLY), (2, err, os.O_WRONLY)):
+    os.dup2(os.open(path, flags | os.O_CREAT), fd)
+sys.argv = argv
+del argv, cwd, env, out, err, server, serve
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+class Preloaded:
+    """The process _SERVER runs, one for each process of the tests, started at its first use."""
+
+    proc: subprocess.Popen | None = None
+    path = ""
+
+    @classmethod
+    def pid(cls) -> int | None:
+        return cls.proc.pid if cls.proc else None
+
+    @classmethod
+    def run(cls, command: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
+        import json
+        import tempfile
+
+        if cls.proc is None:
+            cls.path = tempfile.mktemp(prefix="ppo-vec-tests-", suffix=".sock")
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _SERVER, cls.path],
+                cwd=REPO,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            assert proc.stdout.readline() == "ready\n", "the tests' preloaded process did not start"
+            cls.proc = proc
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with tempfile.TemporaryDirectory() as folder, socket.socket(socket.AF_UNIX) as connection:
+            out, err = Path(folder, "out"), Path(folder, "err")
+            connection.connect(cls.path)
+            connection.sendall(json.dumps([command[1:], str(cwd), env, str(out), str(err)]).encode() + b"\n")
+            replies = connection.makefile()
+            pid = int(replies.readline())
+            connection.settimeout(timeout)
+            try:
+                status = int(replies.readline())
+            except TimeoutError:
+                os.killpg(pid, signal.SIGKILL)  # its session: the script and what it started
+                raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text()) from None
+            return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
 
 
 # Runs one script's command lines in forks of a process that imported the script once (its `main`

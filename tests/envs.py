@@ -338,11 +338,14 @@ class Paced(gym.Wrapper):
         return self.env.step(action)
 
 
-def paced(name: str, **kwargs) -> gym.Env:
-    return Paced(gym.make(name, **kwargs).unwrapped)
+def paced(name: str, seconds: float = 0.001, **kwargs) -> gym.Env:
+    return Paced(gym.make(name, **kwargs).unwrapped, seconds)
 
 
 gym.register("PacedCartPole-v1", entry_point=paced, kwargs={"name": "CartPole-v1"}, max_episode_steps=500)
+# a run of minutes that mostly sleeps: a time limit's test trains a few CPU seconds
+SLOW = {"name": "CartPole-v1", "seconds": 0.008}
+gym.register("SlowCartPole-v1", entry_point=paced, kwargs=SLOW, max_episode_steps=500)
 gym.register("PacedPendulum-v1", entry_point=paced, kwargs={"name": "Pendulum-v1"}, max_episode_steps=200)
 
 

@@ -372,15 +372,8 @@ class Releaser(threading.Thread):
                     del held[job]
 
 
-def sweep(env: dict, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "common.sweep",
-        str(REPO / "ppo_vec.py"),
-        "--env-ids",
-        "tests.envs:PacedCartPole-v1",
-    ]
+def sweep(env: dict, cwd: Path, *argv: str, env_id: str = "tests.envs:PacedCartPole-v1") -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "common.sweep", str(REPO / "ppo_vec.py"), "--env-ids", env_id]
     releaser = Releaser(env, cwd)
     releaser.start()
     try:
@@ -397,9 +390,12 @@ def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
     comes back until the run is done. The sweep exits 0 and its report averages both runs; each ends
     with the weights of the same run never stopped; submitit's log says how each slice ended, and
     nothing prints a traceback."""
-    # Slurm checks time limits every 30 s: the warning comes 30 to 90 s into a slice of a 3-minute job
-    steps = 700 if stop == "time limit" else 150
-    flags = [*PACED, "--total-timesteps", str(steps * 128), "--checkpoint-interval", "5", *MODEL]
+    # Slurm checks time limits every 30 s: the warning comes 30 to 90 s into a slice of a 3-minute job, and
+    # the run (8 ms a step: 1 s an iteration) lasts longer
+    slow = stop == "time limit"
+    env_id, steps = ("tests.envs:SlowCartPole-v1", 120) if slow else ("tests.envs:PacedCartPole-v1", 150)
+    flags = [*VEC_TINY, "--env-id", env_id, "--num-workers", "0", "--total-timesteps", str(steps * 128)]
+    flags += ["--checkpoint-interval", "5", *MODEL]
     references = [reference_run(slurm, tmp_path / f"full{seed}", *flags, "--seed", str(seed)) for seed in (1, 2)]
     argv = ["--seeds", "1", "2", "--executor", "slurm", "--jobs", "2", "--timeout-min", "3", "--cpus-per-task", "1"]
     argv += ["--report", "report", "--", *flags]
@@ -407,15 +403,15 @@ def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
         (tmp_path / "runs").mkdir()
         stopper = threading.Thread(target=stop_sweep_jobs, args=(slurm, tmp_path, stop), daemon=True)
         stopper.start()
-    out = sweep(slurm, tmp_path, *argv)
+    out = sweep(slurm, tmp_path, *argv, env_id=env_id)
     if stop == "kill":  # a run killed is unfinished: the sweep says so, and run again resumes it
         assert out.returncode == 1 and "unfinished: " in out.stdout, out.stdout + out.stderr
-        out = sweep(slurm, tmp_path, *argv)
+        out = sweep(slurm, tmp_path, *argv, env_id=env_id)
     assert out.returncode == 0 and "unfinished" not in out.stdout, out.stdout + out.stderr
-    assert "| tests.envs:PacedCartPole-v1 | 2 | " in (tmp_path / "report" / "report.md").read_text()
+    assert f"| {env_id} | 2 | " in (tmp_path / "report" / "report.md").read_text()
     for seed, reference in zip((1, 2), references, strict=True):
         assert reference.wait(timeout=300) == 0
-        (folder,) = (tmp_path / "runs").glob(f"tests.envs-PacedCartPole-v1__ppo_vec__{seed}__*")
+        (folder,) = (tmp_path / "runs").glob(f"{env_id.replace(':', '-')}__ppo_vec__{seed}__*")
         assert_same_weights(folder, next((tmp_path / f"full{seed}" / "runs").iterdir()), "ppo_vec")
     logs = sorted((tmp_path / "runs" / "submitit").rglob("*_log.*"))
     text = "".join(log.read_text() for log in logs if log.suffix == ".out")

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -191,29 +192,36 @@ class Preloaded:
 
     proc: subprocess.Popen | None = None
     path = ""
+    starting = threading.Lock()  # a test's threads may ask at once
 
     @classmethod
     def pid(cls) -> int | None:
         return cls.proc.pid if cls.proc else None
 
     @classmethod
+    def start(cls) -> None:
+        import tempfile
+
+        cls.path = tempfile.mktemp(prefix="ppo-vec-tests-", suffix=".sock")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, cls.path],
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert proc.stdout.readline() == "ready\n", "the tests' preloaded process did not start"
+        cls.proc = proc
+
+    @classmethod
     def run(cls, command: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
         import json
         import tempfile
 
-        if cls.proc is None:
-            cls.path = tempfile.mktemp(prefix="ppo-vec-tests-", suffix=".sock")
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _SERVER, cls.path],
-                cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            assert proc.stdout.readline() == "ready\n", "the tests' preloaded process did not start"
-            cls.proc = proc
+        with cls.starting:
+            cls.proc or cls.start()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with tempfile.TemporaryDirectory() as folder, socket.socket(socket.AF_UNIX) as connection:
             out, err = Path(folder, "out"), Path(folder, "err")
@@ -228,61 +236,6 @@ class Preloaded:
                 os.killpg(pid, signal.SIGKILL)  # its session: the script and what it started
                 raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text()) from None
             return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
-
-
-# Runs one script's command lines in forks of a process that imported the script once (its `main`
-# guard keeps the import from running it): each fork runs the script as __main__ with its argv, cwd
-# and sys.path, as a user's `python script.py ...` would, without paying torch's import again.
-# Prints one JSON list: [exit status, ...].
-_PRELOADED = r"""
-import importlib, json, os, runpy, sys
-script, cases = sys.argv[1], json.loads(sys.argv[2])
-sys.path[:1] = [os.path.dirname(script)]
-importlib.import_module(os.path.basename(script)[:-3])
-statuses = []
-for flags, cwd, out, err in cases:
-    pid = os.fork()
-    if pid == 0:
-        os.chdir(cwd)
-        sys.path.insert(1, cwd)
-        for fd, path in ((1, out), (2, err)):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = [script, *flags]
-        status = 0
-        try:
-            runpy.run_path(script, run_name="__main__")
-        # as the interpreter ends: None is 0, an int itself, anything else printed and 1
-        except SystemExit as exc:
-            status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-            if not isinstance(exc.code, (int, type(None))):
-                print(exc.code, file=sys.stderr)
-        except BaseException:  # never back into this loop: the fork ends here
-            import traceback
-            traceback.print_exc()
-            status = 1
-        finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(status)
-    statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-print(json.dumps(statuses))
-"""
-
-
-def run_script_many(script, cases: list[tuple[list[str], Path]], timeout=300) -> list[subprocess.CompletedProcess]:
-    """`run_script(script, flags, cwd)` for each (flags, cwd), one after another, in forks of one process that
-    imported the script (and so torch) once; cwd is also on sys.path, as PYTHONPATH would put it."""
-    import json
-
-    files = [(Path(cwd) / ".out", Path(cwd) / ".err") for _, cwd in cases]
-    pairs = zip(cases, files, strict=True)
-    table = [[list(map(str, flags)), str(cwd), str(out), str(err)] for (flags, cwd), (out, err) in pairs]
-    driver = run_command([sys.executable, "-c", _PRELOADED, str(script), json.dumps(table)], REPO, timeout)
-    assert driver.returncode == 0, driver.stderr[-3000:]
-    statuses = json.loads(driver.stdout.splitlines()[-1])
-    return [
-        subprocess.CompletedProcess([str(script), *flags], status, out.read_text(), err.read_text())
-        for (flags, _), status, (out, err) in zip(cases, statuses, files, strict=True)
-    ]
 
 
 def only_run_dir(cwd) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from filelock import FileLock
 
 from common.run import records
-from tests.helpers import REPO, descendants, leftovers, run_script, run_script_many
+from tests.helpers import REPO, descendants, leftovers, run_command, run_script
 
 # Runs the scripts as users do (the README's test command, not the fast tier).
 pytestmark = pytest.mark.e2e
@@ -171,9 +172,9 @@ IDS = [" ".join([c[0].stem, *c[1]]) for c in CASES]
 
 @pytest.fixture(scope="session")
 def outcomes(tmp_path_factory, worker_id):
-    """Every case, each in its own folder, run by forks of one process per script that imported it
-    once (each case's time would be mostly importing torch): {case id: (completed process, folder)},
-    and the processes alive before. Run once per session: under pytest-xdist the first worker to ask
+    """Every case, each in its own folder, run by run_script (a fork of a process that imported torch
+    once: each case's time would be mostly importing it): {case id: (completed process, folder)}, and
+    the processes alive before. Run once per session: under pytest-xdist the first worker to ask
     runs them and the other reads what it wrote (xdist's own grouping is not relied on: with pytest
     9 it does not keep a group on one worker)."""
     shared = tmp_path_factory.getbasetemp()
@@ -186,15 +187,12 @@ def outcomes(tmp_path_factory, worker_id):
             base = shared / "bad_input"
             folders = [write_files(base / str(i) / "cwd") for i in range(len(CASES))]
 
-            def run(script):
-                mine = [i for i, case in enumerate(CASES) if case[0] == script]
-                done = run_script_many(script, [(CASES[i][1], folders[i]) for i in mine], timeout=300)
-                pairs = zip(mine, done, strict=True)
-                return {IDS[i]: [out.returncode, out.stdout, out.stderr, str(folders[i])] for i, out in pairs}
+            def run(i):
+                out = run_script(CASES[i][0], CASES[i][1], folders[i], timeout=300)
+                return IDS[i], [out.returncode, out.stdout, out.stderr, str(folders[i])]
 
             with ThreadPoolExecutor(max_workers=2) as pool:
-                found = [*pool.map(run, (VEC, ATARI))]
-            record.write_text(json.dumps(found[0] | found[1]))
+                record.write_text(json.dumps(dict(pool.map(run, range(len(CASES))))))
         found = json.loads(record.read_text())
     results = {
         case: (subprocess.CompletedProcess(case, code, out, err), Path(folder))
@@ -216,9 +214,9 @@ def test_bad_input_is_one_line_and_starts_nothing(outcomes, script, flags, messa
 
 
 def test_bad_input_as_its_own_process(tmp_path):
-    """One case as a plain `python script.py ...` (the others run in forks of a process that
-    imported the script)."""
-    out = run_script(VEC, ["--env-id", "CartPol-v1"], tmp_path, timeout=120)
+    """One case as a plain `python script.py ...` in a fresh interpreter (the others run in forks of
+    a process that imported torch)."""
+    out = run_command([sys.executable, VEC, "--env-id", "CartPol-v1"], tmp_path, timeout=120)
     assert out.returncode == 2 and out.stdout == "" and not (tmp_path / "runs").exists()
     assert out.stderr.startswith("ppo_vec.py: error: --env-id 'CartPol-v1' is not a registered gymnasium env; did you")
     assert len(out.stderr.splitlines()) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -126,15 +127,15 @@ def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | Non
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def run_script(script, args, cwd, timeout=300, extra_env=None):
+def run_script(script, args, cwd, timeout=300, extra_env=None, fresh=False):
     """Runs a script as a user would: a process of its own with a list argv, an absolute path, its own
     cwd and session, and its exit status. One of the scripts here, with no extra_env, runs in a fork of
     a process that imported what they import (torch, the optimizer's torch._dynamo: 5 of the 7 CPU
     seconds a tiny run costs), as __main__ from its path with the argv, environment and sys.path of
-    `python script.py ...`, ending as that interpreter would; PPO_VEC_TESTS_PLAIN=1, a fresh
-    interpreter for every run."""
+    `python script.py ...`, ending as that interpreter would (the forks share the server's hash seed:
+    `fresh` for runs compared with each other); PPO_VEC_TESTS_PLAIN=1, a fresh interpreter for every run."""
     command = [sys.executable, str(script), *map(str, args)]
-    if extra_env or Path(script).parent != REPO or os.environ.get("PPO_VEC_TESTS_PLAIN"):
+    if fresh or extra_env or Path(script).parent != REPO or os.environ.get("PPO_VEC_TESTS_PLAIN"):
         return run_command(command, cwd, timeout, extra_env)
     return Preloaded.run(command, cwd, timeout)
 
@@ -143,7 +144,7 @@ def run_script(script, args, cwd, timeout=300, extra_env=None):
 # its exit status. The fork leaves the loop and runs the script at the top level, so that an exception or
 # SystemExit ends it as it ends `python script.py` (atexit, threads joined, the same status).
 _SERVER = r"""
-import contextlib, json, os, runpy, select, socket, sys, torch
+import contextlib, json, os, random, runpy, select, socket, sys, numpy, torch
 torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # its first optimizer imports torch._dynamo
 import ppo_vec
 
@@ -155,7 +156,13 @@ def serve(server):
             sys.exit(0)
         if server in readable:
             connection = server.accept()[0]
-            request = json.loads(connection.makefile().readline())
+            connection.settimeout(30)  # a test interrupted before it asked holds up no other
+            try:
+                request = json.loads(connection.makefile().readline())
+            except (OSError, ValueError):
+                connection.close()
+                continue
+            connection.settimeout(None)
             pid = os.fork()
             if pid == 0:
                 server.close()
@@ -169,7 +176,7 @@ def serve(server):
                 connection.sendall(b"%d\n" % os.waitstatus_to_exitcode(ended[1]))
 
 server = socket.socket(socket.AF_UNIX)
-server.bind(sys.argv[1])
+server.bind("\0" + sys.argv[1])  # Linux's abstract namespace: no file left behind
 server.listen()
 print("ready", flush=True)
 argv, cwd, env, out, err = serve(server)
@@ -180,7 +187,11 @@ os.environ.update(env)
 sys.path[0] = os.path.dirname(argv[0])
 sys.path[1:1] = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and path not in sys.path]
 for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out, os.O_WRONLY), (2, err, os.O_WRONLY)):
-    os.dup2(os.open(path, flags | os.O_CREAT), fd)
+    opened = os.open(path, flags | os.O_CREAT)
+    os.dup2(opened, fd)
+    os.close(opened)
+random.seed()  # fresh states, as a new interpreter's (torch's own generator starts from its fixed seed anyway)
+numpy.random.seed()
 sys.argv = argv
 del argv, cwd, env, out, err, server, serve
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -200,9 +211,7 @@ class Preloaded:
 
     @classmethod
     def start(cls) -> None:
-        import tempfile
-
-        cls.path = tempfile.mktemp(prefix="ppo-vec-tests-", suffix=".sock")
+        cls.path = f"ppo-vec-tests-{os.getpid()}-{time.monotonic_ns()}"
         proc = subprocess.Popen(
             [sys.executable, "-c", _SERVER, cls.path],
             cwd=REPO,
@@ -212,7 +221,10 @@ class Preloaded:
             text=True,
             start_new_session=True,
         )
-        assert proc.stdout.readline() == "ready\n", "the tests' preloaded process did not start"
+        import select
+
+        started = select.select([proc.stdout], [], [], 300)[0] and proc.stdout.readline() == "ready\n"
+        assert started, "the tests' preloaded process did not start within 300 s"
         cls.proc = proc
 
     @classmethod
@@ -221,11 +233,12 @@ class Preloaded:
         import tempfile
 
         with cls.starting:
-            cls.proc or cls.start()
+            if cls.proc is None or cls.proc.poll() is not None:
+                cls.start()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with tempfile.TemporaryDirectory() as folder, socket.socket(socket.AF_UNIX) as connection:
             out, err = Path(folder, "out"), Path(folder, "err")
-            connection.connect(cls.path)
+            connection.connect("\0" + cls.path)
             connection.sendall(json.dumps([command[1:], str(cwd), env, str(out), str(err)]).encode() + b"\n")
             replies = connection.makefile()
             pid = int(replies.readline())
@@ -233,7 +246,8 @@ class Preloaded:
             try:
                 status = int(replies.readline())
             except TimeoutError:
-                os.killpg(pid, signal.SIGKILL)  # its session: the script and what it started
+                with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                    os.killpg(pid, signal.SIGKILL)  # its session: the script and what it started
                 raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text()) from None
             return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
 

@@ -283,7 +283,8 @@ def test_same_seed_same_parameters_and_returns(tmp_path):
     for run in ("a", "b"):
         cwd = tmp_path / run
         cwd.mkdir()
-        out = run_script(VEC, [*VEC_TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"], cwd)
+        args = [*VEC_TINY, "--total-timesteps", "768", "--save-model", "--eval-episodes", "0"]
+        out = run_script(VEC, args, cwd, fresh=True)  # each its own interpreter: its own hash seed
         assert out.returncode == 0, out.stderr
         run_dir = only_run_dir(cwd)
         returns = read_scalars(run_dir)["charts/episodic_return"]

@@ -39,7 +39,7 @@ def submitit_executor(args: argparse.Namespace) -> Any:
 
 
 # Slurm's states of a job that has ended (`scontrol show job`'s JobState); any other, it may still run
-ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+ENDED = set("COMPLETED CANCELLED FAILED TIMEOUT NODE_FAIL BOOT_FAIL DEADLINE OUT_OF_MEMORY REVOKED".split())
 
 
 def slurm_holds(job: Any) -> bool:
@@ -49,11 +49,13 @@ def slurm_holds(job: Any) -> bool:
     if job.paths.result_pickle.exists():
         return False
     try:
-        shown = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True, timeout=30)
+        shown = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return False  # no answer: submitit's word stands
+        return False  # no scontrol: submitit's word stands
+    if shown.returncode != 0:  # Slurm forgot the job (it has ended), or its controller did not answer: asked again
+        return "Invalid job id" not in shown.stderr
     state = shown.stdout.partition("JobState=")[2].split()[:1]
-    return bool(state) and state[0] not in ENDED  # no state: Slurm forgot the job, which has ended
+    return bool(state) and state[0] not in ENDED
 
 
 def run_submitted(runs: list[Run], args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -100,10 +101,16 @@ def descendants_with_helpers_running() -> set[int]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous of ranks)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous of ranks, chosen below the
+    kernel's ephemeral range: a port bind(0) gave could be given again (to a gloo rank of a test beside
+    this one) before the rendezvous binds it, which then waits a minute on a listener that never answers."""
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [p for p in range(max(1024, lowest_ephemeral - 8000), lowest_ephemeral) if not 29400 <= p < 30400]
+    for port in random.sample(ports, 100):  # not torchrun's 29500 or the batch scripts' 29400 + job id % 1000
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free port below {lowest_ephemeral}")
 
 
 def spawn(cmd: list, cwd, extra_env: dict | None = None, session: bool = True) -> subprocess.Popen:

@@ -65,7 +65,22 @@ def sbatch(env: dict, cwd: Path, script: str, *flags: str, options: tuple = ()) 
 
 
 def job_state(env: dict, job: str) -> str:
-    return slurm_command(env, "scontrol", "show", "job", job).split("JobState=")[1].split()[0]
+    """The job's state as scontrol says it, or as sacct does once Slurm has forgotten the job (MinJobAge,
+    300 s, after it ended: a reference that ended long before the job it is compared with)."""
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=60, env=env)
+    return out.stdout.split("JobState=")[1].split()[0] if out.returncode == 0 else sacct_state(env, job)
+
+
+def sacct_state(env: dict, job: str) -> str:
+    """The job's state as Slurm's accounting keeps it, after Slurm forgot the job too."""
+    return "".join(slurm_command(env, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[:1])
+
+
+def ended(env: dict, job: str, log: Path, timeout: float) -> None:
+    """Waits for the job to end (at once if it fails) and checks that it completed; a failure shows its log."""
+    running = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "")
+    state = wait_until(f"job {job} ended", lambda: (s := job_state(env, job)) not in running and s, timeout=timeout)
+    assert state == "COMPLETED", f"job {job} ended {state}: {log.read_text() if log.exists() else 'no log'}"
 
 
 # Seconds a requeued job waits before the tests release it: a node refuses to start it again within the
@@ -231,11 +246,6 @@ def catches_usr1(cwd: Path, marker: str) -> bool:
     return False
 
 
-def sacct_state(env: dict, job: str) -> str:
-    """The job's state as Slurm's accounting keeps it, after Slurm forgot the job too."""
-    return "".join(slurm_command(env, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[:1])
-
-
 def test_a_notice_in_a_slices_first_second_requeues_and_a_new_job_continues_a_cancelled_run(slurm, tmp_path):
     """A notice as the job's step starts (before the script has set its handlers or written a summary)
     still brings the job back (slurm/launch.py's handlers come first); the job, cancelled once its run
@@ -336,7 +346,7 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=limit)
     finally:
         releaser.done.set()
-    wait_until(f"job {reference} done", lambda: job_state(env, reference) == "COMPLETED", timeout=limit)
+    ended(env, reference, tmp_path / "reference" / f"slurm-ppo_atari-{reference}.out", timeout=limit)
     text = (tmp_path / "job" / f"slurm-ppo_atari-{job}.out").read_text()
     assert summary_of(folder)["status"] == "done" and "Traceback" not in text, text
     assert "frame #" not in text and "TCPStore" not in text, text

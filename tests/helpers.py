@@ -153,7 +153,8 @@ def run_script(script, args, cwd, timeout=300, extra_env=None, fresh=False):
 _SERVER = r"""
 import contextlib, json, os, random, runpy, select, socket, sys, numpy, torch
 torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # its first optimizer imports torch._dynamo
-import ppo_vec
+import gc, ppo_atari_multigpu, ppo_vec
+gc.freeze()  # what was imported stays out of each fork's collections: they and its exit copy no page of it
 
 def serve(server):
     forks = {}  # pid: the connection that waits for its status

@@ -123,6 +123,7 @@ def test_two_ranks_with_gloo_stay_identical_and_stop_early_together(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.long  # in CI two nodes meet on this host under Slurm (test_slurm's Atari case)
 def test_two_nodes_on_localhost(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = []

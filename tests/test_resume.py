@@ -38,14 +38,9 @@ CASES = [
     ),
     # in workers, each env's statistics
     (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedPendulum-v1", "--num-workers", "2"], 128),
-    # in two groups of workers, one stepping while the other's actions are drawn (in CI: the two-rank Ctrl-C below)
-    pytest.param(
-        VEC,
-        [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "2", "--overlap"],
-        128,
-        marks=pytest.mark.long,
-    ),
-    pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' states (two ranks: below)
+    # in two groups of workers, one stepping while the other's actions are drawn
+    (VEC, [*VEC_TINY, "--env-id", "tests.envs:PacedCartPole-v1", "--num-workers", "2", "--overlap"], 128),
+    pytest.param(ATARI, ATARI_TINY, 16, marks=pytest.mark.long),  # the emulators' states (in CI: test_slurm, two ranks)
 ]
 
 
@@ -90,6 +85,7 @@ def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path
     assert_same_run(run_dir, only_run_dir(full), script)  # requeued once more: test_survival, nothing to do
 
 
+@pytest.mark.long  # three torchrun jobs, 95 CPU-s; in CI two ranks stop and resume on Slurm (test_slurm's Atari case)
 def test_ctrl_c_to_a_two_rank_job_saves_and_resumes_into_the_run_of_its_seed(tmp_path):
     """Ctrl-C in a terminal: SIGINT to the launcher and both ranks at once (the launcher forwards
     its own a moment later). Each rank stops once, rank 0 saves every rank's state, and the job

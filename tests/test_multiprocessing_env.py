@@ -667,7 +667,8 @@ def test_a_dead_worker_is_seen_though_a_helper_holds_its_pipe(helper, bounded, n
 def test_an_env_that_hangs_while_built_times_out(bound, bounded, no_orphans):
     with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'make' within 1.5 s"):
         timed(lambda: SubprocVecEnv([make_counter, HangsWhenBuilt], num_workers=2, **bound))
-    assert timed.elapsed < 5
+    # the bound given, not the default 600 s; the rest is the workers' start (14 s seen under -n 4 in CI)
+    assert timed.elapsed < 30
 
 
 def test_a_reset_that_hangs_times_out(bounded, no_orphans):
@@ -693,7 +694,8 @@ def test_a_restart_whose_rebuilt_env_hangs_is_bounded(tmp_path, bounded, no_orph
     envs.step(np.zeros(2, np.int64))
     with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'make' within 1 s"):
         timed(lambda: envs.step(np.zeros(2, np.int64)))  # raises at step 2; 3 rebuilds hang
-    assert envs.restarts == 3 and timed.elapsed < 8 and caplog.text.count("restarting worker 1") == 3
+    # 3 bounds of 1 s and 3 rebuilt workers' starts (a loaded machine's), not the default 600 s
+    assert envs.restarts == 3 and timed.elapsed < 40 and caplog.text.count("restarting worker 1") == 3
     envs.close()
 
 

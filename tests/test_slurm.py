@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.sweep.submitted import ENDED
 from tests.helpers import ATARI_TINY, LONG, REPO, VEC_TINY, free_port, run_command, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -76,10 +77,9 @@ def sacct_state(env: dict, job: str) -> str:
     return "".join(slurm_command(env, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[:1])
 
 
-def ended(env: dict, job: str, log: Path, timeout: float) -> None:
+def completed(env: dict, job: str, log: Path, timeout: float) -> None:
     """Waits for the job to end (at once if it fails) and checks that it completed; a failure shows its log."""
-    running = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "")
-    state = wait_until(f"job {job} ended", lambda: (s := job_state(env, job)) not in running and s, timeout=timeout)
+    state = wait_until(f"job {job} ended", lambda: (s := job_state(env, job)) in ENDED and s, timeout=timeout)
     assert state == "COMPLETED", f"job {job} ended {state}: {log.read_text() if log.exists() else 'no log'}"
 
 
@@ -90,8 +90,7 @@ SETTLE = 3.0
 
 def release(env: dict, job: str) -> None:
     """Once the job is requeued (pending), lets it start now rather than in Slurm's two minutes."""
-    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-    state = wait_until(f"job {job} requeued", lambda: (state := job_state(env, job)) in ("PENDING", *ended) and state)
+    state = wait_until(f"job {job} requeued", lambda: (state := job_state(env, job)) in {"PENDING", *ENDED} and state)
     assert state == "PENDING", f"job {job} ended {state} instead of requeueing"
     time.sleep(SETTLE)
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
@@ -224,8 +223,7 @@ def test_a_slice_that_fails_ends_its_job(slurm, tmp_path):
     (folder / "checkpoint.pt").write_bytes(b"not a checkpoint")
     release(slurm, job)
     log = tmp_path / "job" / f"slurm-ppo_vec-{job}.out"
-    ended = ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING", "REQUEUED")
-    wait_until(f"job {job} ended", lambda: job_state(slurm, job) not in ended or log.read_text().count("requeued") > 1)
+    wait_until(f"job {job} ended", lambda: job_state(slurm, job) in ENDED or log.read_text().count("requeued") > 1)
     text = log.read_text()
     assert job_state(slurm, job) == "FAILED" and text.count("requeued to resume") == 1, text
     last = text.rstrip().splitlines()[-2:]  # the run's one line, then srun's
@@ -346,7 +344,7 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         wait_until(f"job {job} done", lambda: job_state(env, job) == "COMPLETED", timeout=limit)
     finally:
         releaser.done.set()
-    ended(env, reference, tmp_path / "reference" / f"slurm-ppo_atari-{reference}.out", timeout=limit)
+    completed(env, reference, tmp_path / "reference" / f"slurm-ppo_atari-{reference}.out", timeout=limit)
     text = (tmp_path / "job" / f"slurm-ppo_atari-{job}.out").read_text()
     assert summary_of(folder)["status"] == "done" and "Traceback" not in text, text
     assert "frame #" not in text and "TCPStore" not in text, text

@@ -1,8 +1,5 @@
-"""gymnasium's NormalizeObservation and NormalizeReward, for a batch of envs at once in the trainer.
-
-What CleanRL's scripts get from gymnasium's wrappers in each env (tested against them to the bit), at a
-fraction of the cost. Both are torch modules only to keep their statistics in checkpoints (buffers);
-they compute in numpy, on numpy views of those buffers, updated in place (loading copies into them)."""
+"""gymnasium's NormalizeObservation and NormalizeReward (to the bit), for a batch of envs at once in the trainer:
+torch modules only to keep their statistics in checkpoints, computing in numpy on views of those buffers."""
 
 import numpy as np
 import torch

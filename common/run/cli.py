@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..multiprocessing_env import WorkerError
+from ..vecenv.process_control import ignore_stop_signals
 from . import flags
 from .errors import Finished, FlagError, RunError
 from .stops import Stopped, StopRequest
@@ -20,10 +21,8 @@ from .stops import Stopped, StopRequest
 
 @dataclasses.dataclass
 class CommandLine:
-    """What Run.cli parsed, handed to `main` and by it to Run: the words as typed (a command a run
-    prints starts with argv[0], so that it works when pasted), the flags they name (the fields a resume
-    may change), the stop request the signals go to, and the closing line the run leaves to be
-    printed last: (line, to stderr)."""
+    """What Run.cli parsed, for `main` and Run: the words as typed (a printed command starts with argv[0]), the
+    flags they name (what a resume may change), the stop request, and the closing line (line, to stderr)."""
 
     argv: list[str]
     named: frozenset[str]
@@ -60,7 +59,7 @@ def run(main: Callable[[Any, CommandLine], Any], args_type: type, doc: str) -> N
             line, to_stderr = command_line.closing
             print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
         # the run is over: a launcher's forwarded signal must not end the exit
-        command_line.stop.ignore()
+        ignore_stop_signals()
         sys.exit(status)
 
     command_line.stop.install()
@@ -101,7 +100,6 @@ def run(main: Callable[[Any, CommandLine], Any], args_type: type, doc: str) -> N
 
 
 def _quiet_writer_thread(hook_args: Any) -> None:
-    """TensorBoard's writer thread re-raises an OSError (a full or read-only disk) that the run's
-    next write raises again, and that the run reports in one line: no traceback of the thread's."""
+    """No traceback of TensorBoard's writer thread's OSError (a full disk): the run's next write says it in one line."""
     if not (issubclass(hook_args.exc_type, OSError) and "tensorboard" in type(hook_args.thread).__module__):
         threading.__excepthook__(hook_args)

@@ -165,8 +165,7 @@ SHARED_FLAGS: list[tuple[str, Callable[[Any], bool], str]] = [
 
 
 def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
-    """FlagError for the first float flag that is NaN or infinite, then for the first flag that breaks
-    a rule of SHARED_FLAGS (for the fields args has) or of `rules`, the script's own (field, ok, allowed)."""
+    """FlagError for the first flag that is NaN or infinite, or breaks SHARED_FLAGS or `rules` (field, ok, allowed)."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -188,8 +187,7 @@ def check(args: Any, rules: list[tuple[str, bool, str]]) -> None:
 
 
 def batch_rules(args: Any, envs: str, world_size: int = 1) -> list[tuple[str, bool, str]]:
-    """The rules of a batch, `envs` (a rank's envs) x --num-steps: whole --num-minibatches of 2 samples
-    at least (--norm-adv divides by their std), and --total-timesteps of one batch of every rank at least."""
+    """The rules of a batch, `envs` (a rank's envs) x --num-steps, split into --num-minibatches."""
     n = getattr(args, envs)
     batch_size = n * args.num_steps
     batch = f"batch of {batch_size} steps ({flag(envs)} {n} x --num-steps {args.num_steps})"
@@ -214,9 +212,8 @@ def check_rollout(args: Any, envs: str, obs_space: gym.Space) -> None:
 
 
 def check_words(args_type: type, argv: list[str], script: str) -> None:
-    """FlagError for a word that names no flag of args_type (naming close ones), and for a bool flag
-    given a value (`--capture-video True`, CleanRL's old spelling): here they are switches, `--flag`
-    or `--no-flag`. What else the parser refuses it says itself, in its own box."""
+    """FlagError for a word that names no flag of args_type, and for a switch given a value (`--capture-video
+    True`, CleanRL's old spelling): here `--flag` or `--no-flag`. Other errors are the parser's own box."""
     spelled = spellings(args_type)
     switches = {name for name, field in spelled.items() if "bool" in str(args_type.__dataclass_fields__[field].type)}
     for word, value in itertools.zip_longest(argv, argv[1:], fillvalue=""):
@@ -265,8 +262,7 @@ def check_env_id(env_id: str) -> None:
 
 
 def probe_env(env_id: str, make: Callable[[], gym.Env], bound: float, interrupt: Any) -> dict[str, Any]:
-    """What vecenv/layout.py's probe finds of the env (built, reset and stepped in a process of its
-    own, within `bound` seconds, or until `interrupt`, a stop), or FlagError naming --env-id."""
+    """What vecenv/layout.py's probe finds of the env (in a process of its own), or FlagError naming --env-id."""
     try:
         return probe(make, bound, interrupt=interrupt, check_api=True)
     except ProbeFailed as exc:

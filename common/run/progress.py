@@ -9,8 +9,7 @@ from typing import Any
 
 
 class Progress:
-    """SPS, the progress line (every 2 s, and for the first and last iterations), and a summary's
-    numbers over every segment of a resumed run (`earlier`: its summary.json)."""
+    """SPS, the progress line (every 2 s), and a summary's numbers over a resumed run's parts (`earlier`'s)."""
 
     def __init__(self, last_step: int, first_step: int, prints: bool, recent: list, earlier: dict):
         self.last_step, self.first_step, self.global_step = last_step, first_step, first_step
@@ -88,8 +87,7 @@ class NoWriter:
 
 
 def open_writer(run_dir: Path, args: Any, first_step: int) -> Any:
-    """TensorBoard's writer with the hyperparameters (and wandb with --track); a resumed run's
-    curves go on from `first_step`, without what its stopped part logged after its checkpoint."""
+    """TensorBoard's writer (and wandb with --track); a resumed run's curves go on from `first_step`."""
     if args.track:
         import wandb
 

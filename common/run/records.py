@@ -1,7 +1,5 @@
-"""The run folder, runs/<env>__<exp_name>__<seed>__<time or --run-id>/, and the files a run keeps in it: .lock
-(held by the one process that writes the folder), args.json (the flags, the script's defaults, what
-its command line gave, each resume), summary.json (how it ended) and checkpoint.pt (the state at an
-iteration boundary: values only, read back with weights_only=True)."""
+"""The run folder, runs/<env>__<exp_name>__<seed>__<time or --run-id>/, and its files: .lock (its one writer),
+args.json (the flags, each resume), summary.json (how it ended) and checkpoint.pt (values only)."""
 
 import copy
 import dataclasses
@@ -26,8 +24,7 @@ LOCK = ".lock"
 
 
 def hold(lock: Path) -> int:
-    """Makes this process the holder of the lock file `lock` (the kernel lets go however it
-    ends); its descriptor. FlagError naming the process that holds it already."""
+    """Holds the lock file `lock` (the kernel lets go however this process ends); its descriptor."""
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -49,9 +46,8 @@ def run_name(args: Any) -> str:
 
 
 def make_run_dir(args: Any, command_line: Any, steps_per_iteration: int, world_size: int) -> Path:
-    """Creates and holds runs/{run_name}__{--run-id}, or runs/{run_name}__{unix time} (-2, -3, ... if
-    taken), with its args.json; RunError in one line if it cannot be made here. A folder of the run id
-    that holds no checkpoint (its start was stopped before it saved) is made anew."""
+    """Creates and holds runs/{run_name}__{--run-id or unix time (-2, -3, ... if taken)}, with its args.json
+    (a run id's folder, which never saved if it gets here, anew)."""
     run_id = getattr(args, "run_id", None)
     base = f"{run_name(args)}__{run_id or int(time.time())}"
     try:
@@ -76,9 +72,7 @@ def make_run_dir(args: Any, command_line: Any, steps_per_iteration: int, world_s
 
 
 def write_args(run_dir: Path, args: Any, command_line: Any, steps_per_iteration: int, world_size: int, resumed=None):
-    """args.json, what a sweep knows the run by: its flags, the script's defaults, the fields its
-    first command line named, its scheduled flags, ranks and steps an iteration, and each resume
-    (from the checkpoint `resumed`): when, from which iteration and step, which flags it changed."""
+    """args.json, what a sweep knows the run by: its flags, defaults, the flags first named, and each resume."""
     path, flags = run_dir / "args.json", dataclasses.asdict(args)
     record = {
         "script": command_line.script,
@@ -101,8 +95,7 @@ def write_args(run_dir: Path, args: Any, command_line: Any, steps_per_iteration:
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Writes data so that a reader sees the old file or the new one, never a part: a temp file beside
-    it, flushed to disk, renamed over it (on failure removed, path left as it was)."""
+    """Writes data so that a reader sees the old file or the new one, never a part (on failure: the old)."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -129,8 +122,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def save_checkpoint(path: Path | str, state: dict) -> None:
-    """Writes state atomically; RunError in one line if it cannot (a full disk, NaN/Inf in a tensor,
-    something torch cannot save), the previous file then unchanged."""
+    """Writes state atomically; RunError in one line if it cannot, the previous file then unchanged."""
     path = Path(path)
     if not all(torch.isfinite(t).all() for t in _tensors(state) if t.is_floating_point()):
         raise RunError(f"{path} was not written: the state holds NaN/Inf values (the previous file is unchanged)")
@@ -152,8 +144,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
-    """A checkpoint `script` wrote, read with weights_only=True (loading never runs code); FlagError
-    naming the flag for a missing, unreadable, foreign or damaged file."""
+    """A checkpoint `script` wrote, read with weights_only=True (loading never runs code); else FlagError."""
     where = f"{flag_name} {path}"
     if not path:
         raise FlagError(f"{flag_name} needs a checkpoint file (runs/<run>/checkpoint.pt), got ''")
@@ -182,8 +173,7 @@ def load_checkpoint(path: str, flag_name: str, script: str) -> dict:
 
 def check_fields(checkpoint: dict, names: Any, where: str, script: str) -> None:
     """FlagError unless the checkpoint holds each of `names`."""
-    missing = [name for name in names if name not in checkpoint]
-    if missing:
+    if missing := [name for name in names if name not in checkpoint]:
         raise FlagError(
             f"{where} holds no {' and no '.join(missing)}: not a whole checkpoint of {script} (an older "
             "version, or a file edited since)"

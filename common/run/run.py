@@ -1,7 +1,5 @@
-"""A run of a training script as its `main` sees it: one object that owns the flags, the env probed
-once, the run folder and writer, the envs, the state kept at iteration boundaries and the
-checkpoints written from it, the stop's safe points, and the one place a run ends. One process:
-RankedRun (ranks.py) is the same under torchrun."""
+"""A run of a training script as its `main` sees it (Run: one process; RankedRun, ranks.py: under
+torchrun): the flags, the run folder and writer, the envs, the checkpoints, the stop's safe points."""
 
 import contextlib
 import dataclasses
@@ -83,13 +81,29 @@ class Run:
         return self.probed["spaces"]
 
     def load(self, **state: Any) -> None:
-        """Puts the state --eval-checkpoint holds into these objects (model=agent, ...), through
-        their load_state_dict.
+        """Puts the state the checkpoint holds into these objects (model=agent, ...), through their
+        load_state_dict (generators: this rank's state).
 
         Raises:
-            FlagError: the checkpoint holds none of one, or one of other sizes.
+            FlagError: the checkpoint holds none of one (torch's generators aside), or one of other sizes.
         """
-        self._put_back(state)
+        names = [name for name in state if name not in TORCH_GENERATORS]
+        records.check_fields(self.checkpoint, names, self.where, self.script)
+        for name, obj in state.items():
+            if name not in self.checkpoint:  # torch's own generators, from a run on another device
+                continue
+            if isinstance(obj, np.random.Generator):
+                obj.bit_generator.state = self.checkpoint[name][self.rank]
+            elif isinstance(obj, torch.Generator):
+                obj.set_state(self.checkpoint[name][self.rank])
+            else:
+                try:
+                    obj.load_state_dict(self.checkpoint[name])
+                except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                    what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
+                    why = " ".join(str(exc).split()).removeprefix("Error(s) in loading state_dict for ")
+                    fits = f"does not fit this run's {what} ({why[:300]}): another env, or other sizes?"
+                    raise FlagError(f"{self.where} {fits}") from None
 
     @contextlib.contextmanager
     def start(self, device: torch.device, num_iterations: int, steps: int, state: dict) -> Iterator[Any]:
@@ -165,7 +179,7 @@ class Run:
             asked = f" (--total-timesteps {total} asks for {self.num_iterations})" if done > self.num_iterations else ""
             more = "nothing to do (a larger --total-timesteps continues it)"
             raise Finished(f"{where}: that run finished its {done} iterations already{asked}; {more}")
-        self._put_back(self.state)  # (a finished run's checkpoint need not fit: nothing is loaded above)
+        self.load(**self.state)  # (a finished run's checkpoint need not fit: nothing is loaded above)
         planned = checkpoint["args"].get("total_timesteps", total)
         if self.is_main and planned // self.steps != self.num_iterations:
             for name, value in flags.schedules(self.args).items():
@@ -185,27 +199,6 @@ class Run:
         except OSError as exc:  # a full disk names no file: say where
             raise RunError(f"cannot write into {self.dir} ({exc.strerror}): a resumed run goes on there") from None
         return earlier
-
-    def _put_back(self, state: dict[str, Any]) -> None:
-        """Sets the checkpoint's values onto `state`'s objects (generators: this rank's); FlagError
-        if it lacks one of theirs (torch's generators aside) or one does not fit."""
-        names = [name for name in state if name not in TORCH_GENERATORS]
-        records.check_fields(self.checkpoint, names, self.where, self.script)
-        for name, obj in state.items():
-            if name not in self.checkpoint:  # torch's own generators, from a run on another device
-                continue
-            if isinstance(obj, np.random.Generator):
-                obj.bit_generator.state = self.checkpoint[name][self.rank]
-            elif isinstance(obj, torch.Generator):
-                obj.set_state(self.checkpoint[name][self.rank])
-            else:
-                try:
-                    obj.load_state_dict(self.checkpoint[name])
-                except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-                    what = "model" if isinstance(obj, torch.nn.Module) else type(obj).__name__
-                    why = " ".join(str(exc).split()).removeprefix("Error(s) in loading state_dict for ")
-                    fits = f"does not fit this run's {what} ({why[:300]}): another env, or other sizes?"
-                    raise FlagError(f"{self.where} {fits}") from None
 
     def make_envs(self, make_env: Callable, num_envs: int, seed: int, groups: int = 1) -> tuple[SubprocVecEnv, Any]:
         """Builds make_env(args, i, dir) for i < num_envs in a SubprocVecEnv laid out as the probe

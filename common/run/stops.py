@@ -1,9 +1,6 @@
-"""Stops: the stop signals (process_control.STOP_SIGNALS) are requests the run honours at safe
-points, never exceptions thrown into library code (docs/runs.md). The handler only records the
-request; the loop checks it at safe points (`check`) and every wait of the trainer wakes on it
-(`fileno`). A thread sees each signal as it arrives (signal.set_wakeup_fd) and bounds the stop: past
-STOP_WITHIN seconds it ends the process, as a second Ctrl-C does unless it comes within SAME_STOP
-seconds of the first (a launcher forwarding it)."""
+"""Stops: the stop signals (process_control.STOP_SIGNALS) are requests the run honours at safe points
+(`check`), never exceptions thrown into library code; every wait of the trainer wakes on them (`fileno`).
+A thread sees each signal as it arrives (signal.set_wakeup_fd) and bounds the stop (STOP_WITHIN)."""
 
 import ctypes
 import os
@@ -31,11 +28,9 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (main
-    thread, Run.cli's) makes the stop signals requests (but SIGHUP where nohup ignores it), and its
-    launcher's death a SIGTERM (torchrun's agent, or the pid END_WITH_PARENT names). With `at_once`
-    set, a stop ends the process at once (a wait in C code no signal interrupts, before there is
-    anything to save)."""
+    """A process's stop request, `signum` (None until a stop signal arrives). `install()` (Run.cli's) makes the
+    stop signals (not SIGHUP under nohup) requests, and its launcher's death a SIGTERM. With `at_once`, a stop
+    ends the process at once (a wait in C code no signal interrupts, before there is anything to save)."""
 
     def __init__(self, script: str = "python") -> None:
         self.script = script  # what its own lines start with
@@ -60,11 +55,6 @@ class StopRequest:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
             if os.getppid() != parent:  # it died before we asked
                 os.kill(os.getpid(), signal.SIGTERM)
-
-    def ignore(self) -> None:
-        """Stop signals change nothing from now on (the run is over; its process is exiting)."""
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
 
     def _record(self, signum: int, frame: object) -> None:
         """The handler: notes the request (the thread wakes the waits and bounds the stop)."""

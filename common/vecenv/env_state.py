@@ -2,12 +2,8 @@
 make_env built again (`put`), so that a resumed run's episodes go on exactly where they were. A
 state holds values only (numbers, strings, bytes, arrays, numpy generators' states, and lists,
 tuples and dicts of these): nothing in it names a class or a function, so loading it never runs
-code, and torch.load(weights_only=True) loads it.
-
-Which envs: those whose every class (the env and each wrapper) comes from gymnasium, ale_py or this
-package, or declares `pickle_state = True` (a user env whose state is such values). Taken: each
-attribute but what make_env builds again, simulators through their own API (docs/vecenv.md has the
-table); an env holding anything else is not saved: None."""
+code, and torch.load(weights_only=True) loads it. Envs of gymnasium, ale_py, this package, or a class that
+says `pickle_state = True` (its state is such values); anything else is not saved (None). docs/vecenv.md."""
 
 import collections
 import contextlib
@@ -56,8 +52,7 @@ def take(env: gym.Env) -> dict | None:
 
 
 def put(env: gym.Env, state: Any) -> None:
-    """Sets a state `take` gave onto an env the same make_env built; ValueError (or another
-    exception of decoding) if it does not fit, found before anything is set."""
+    """Sets a state `take` gave onto an env the same make_env built; ValueError, before any is set, if it won't fit."""
     layers = chain(env)[::-1]
     classes = [type(e).__qualname__ for e in layers]
     if state["classes"] != classes:
@@ -141,8 +136,7 @@ def decoded(data: Any, current: Any = None, seen: list | None = None) -> Any:
 
 
 def _setter(kind: str, rest: list, current: Any, seen: list) -> Callable[[], None]:
-    """What sets a simulator's state or a helper object's fields into `current`, the object make_env
-    built; ValueError if they are not its kind."""
+    """What sets a simulator's state or a helper object's fields into `current` (ValueError: not its kind)."""
     module = type(current).__module__
     if kind == "ale" and module.startswith("ale_py"):
         import ale_py
@@ -169,9 +163,8 @@ def _setter(kind: str, rest: list, current: Any, seen: list) -> Callable[[], Non
 
 
 def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
-    """MjData's float arrays: the state and what the last step derived from it, which an env may
-    read (Ant's reward starts from body positions). Not its index arrays: numbers from a file must
-    never index memory, and a step computes those anew."""
+    """MjData's float arrays (what the last step derived, which an env may read), never its index arrays: numbers
+    from a file must never index memory."""
     arrays = {}
     for key in dir(data):
         with contextlib.suppress(Exception):  # some properties raise where unused

@@ -71,8 +71,7 @@ def check_arguments(env_fns, num_workers, context, max_restarts, worker_spin, se
 
 
 def check_layout(num_workers: int | None, step_timeout: float | None, max_restarts: int, spell=str) -> None:
-    """ValueError when num_workers=0 comes with step_timeout or max_restarts, which need workers.
-    `spell` writes a parameter's name (a script passes its flag spelling)."""
+    """ValueError when num_workers=0 comes with step_timeout or max_restarts (`spell`: a script's flag names)."""
     if num_workers == 0 and (step_timeout is not None or max_restarts):
         raise ValueError(
             f"{spell('num_workers')} 0 steps the envs in this process, where a step can be neither bounded "

@@ -1,14 +1,7 @@
 """Where SubprocVecEnv's envs step by default (`choose`): in the calling process only where they can
-neither hang nor kill it and are faster there, else in workers; alike on a busy minute and a quiet
-one, no env code run here.
-
-`probe` builds one env in a process of its own (`python -m` this module: bounded, importing neither
-the main script nor torch, ending with what the env started). Only gymnasium's own pure-Python envs
-under its wrappers are TRUSTED: their steps are timed there in CPU time. `decide`: this process if
-the CPU that w = min(cores, n) workers save on a step of n envs, step * (n - ceil(n / w)), is under
-what their round trip costs; else w workers, as for any other env or one the probe cannot build (the
-workers then report why). The round trip is ROUND_TRIP times the CPU of `reference_work`, timed
-beside the steps: a busy machine slows both alike, so it decides alike."""
+neither hang nor kill it (gymnasium's own TRUSTED envs) and are faster there, else in workers; alike
+on a busy minute and a quiet one (`decide`), no env code run here (`probe`: a process of its own,
+`python -m` this module, importing neither the main script nor torch)."""
 
 import contextlib
 import inspect
@@ -47,8 +40,7 @@ _ROOT = str(Path(__file__).resolve().parents[__package__.count(".") + 1])
 
 
 class ProbeFailed(Exception):
-    """The probe could not build or step the env: `phase` (start, make, reset, step; api: gym's
-    old API) and `summary` say how."""
+    """The probe could not build or step the env (`phase`: start, make, reset, step; api: gym's old API)."""
 
     def __init__(self, phase: str, summary: str):
         super().__init__(f"{summary} during '{phase}'")
@@ -57,8 +49,7 @@ class ProbeFailed(Exception):
 
 
 def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, found: Any, **probing) -> tuple:
-    """The workers for env_fns (0: this process) and the facts `describe` says; `found`: what
-    `probe` found of env_fns[-1], if the caller probed it already."""
+    """The workers for env_fns (0: this process) and the facts `describe` says (`found`: a probe's)."""
     n = len(env_fns)
     if num_workers is not None or bounded:
         return min(cores, n) if num_workers is None else min(num_workers, n), {}
@@ -70,13 +61,9 @@ def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, fo
 
 
 def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: Any = None, check_api=False):
-    """Builds env_fn() in a probe process and, for a trusted env, times its steps. Returns
-    {"spaces", "origin" (the classes of the env and its wrappers, outermost first), "trusted",
-    "step" (CPU seconds; None if not timed, inf past STEP_DECIDE), "reference"
-    (reference_work()'s CPU seconds, timed beside the steps)}. ProbeFailed if env code raised or the
-    probe died; WorkerTimeout (naming env `index`) past `bound` seconds of building; the interrupt's
-    exception (SubprocVecEnv's `interrupt`). With `check_api`, the env is also reset and stepped
-    once (ProbeFailed in phase "api" if it answers as gym before 0.26 did)."""
+    """Builds env_fn() in a probe process and, for a trusted env, times its steps: {"spaces", "origin" (the
+    classes of the env and its wrappers, outermost first), "trusted", "step" (CPU seconds; None: not timed,
+    inf: past STEP_DECIDE), "reference" (reference_work()'s CPU seconds)}. `check_api`: gym's old API fails."""
     parent, child = socket.socketpair()
     path = [_ROOT, *map(os.path.abspath, sys.path)]  # the probe's cwd is _ROOT, not ours
     data = {"path": path, "env_fn": cloudpickle.dumps(env_fn), "registry": None}
@@ -195,8 +182,7 @@ def _old_api(env: gym.Env) -> str | None:
 
 
 def reference_work() -> float:
-    """Work like a small env's step (arithmetic, a small array), timed beside the probe's steps: a round
-    trip costs ROUND_TRIP times its CPU."""
+    """Work like a small env's step, timed beside the probe's: a round trip costs ROUND_TRIP times its CPU."""
     total = 0.0
     for i in range(60):  # about a CartPole step of CPU
         total += math.sin(i) * 0.5
@@ -205,9 +191,7 @@ def reference_work() -> float:
 
 
 def cpu_per_step(env: gym.Env) -> tuple[float, float]:
-    """CPU seconds of a typical step (random actions, not timed: a trainer's come from its policy),
-    and of reference_work() run after each: medians over STEPPING seconds of steps after the first
-    few, since a step the load interrupts costs more CPU than the env asks."""
+    """CPU seconds of a step and of reference_work() after it: medians, as the load inflates some steps' CPU."""
     env.action_space.seed(0)
     times: list[float] = []
     references: list[float] = []
@@ -225,8 +209,7 @@ def cpu_per_step(env: gym.Env) -> tuple[float, float]:
 
 
 def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[str, Any]]:
-    """The workers (0: this process) for n envs like the one `probe` found (None: it failed), and
-    the facts: the env's "origin", "trusted", "step" (CPU seconds) and "why"."""
+    """The workers (0: this process) for n envs like the one `probe` found (None: failed), and why."""
     w = max(1, min(cores, n))
     facts = {key: found.get(key) for key in ("origin", "trusted", "step")} if found else {}
     if found is None or not found["trusted"]:
@@ -245,8 +228,7 @@ def decide(found: dict[str, Any] | None, n: int, cores: int) -> tuple[int, dict[
 
 
 def describe(n: int, num_workers: int, facts: dict[str, Any], groups: int = 1) -> tuple[str, str]:
-    """Where the envs step ("8 envs in this process", "... in 2 groups"), and why ("gymnasium's
-    CartPoleEnv; ...")."""
+    """Where the envs step ("8 envs in this process") and why ("gymnasium's CartPoleEnv; ...")."""
     notes, step, env = [], facts.get("step"), (facts.get("origin") or ["?"])[-1].rsplit(".", 1)[-1]
     if facts.get("origin"):
         notes.append(f"gymnasium's {env}" if facts["trusted"] else f"{env}, not one of gymnasium's own envs")

@@ -1,8 +1,7 @@
 """Where a SubprocVecEnv's envs live, seen from the calling process: WorkerPool (worker processes,
 each stepping a slice of the envs) or InProcessPool (every env here), both driven by `send`, then
-`collect`. A worker's death is seen from its process (a pidfd), not only from its pipe (an env may
-have forked a helper that keeps the pipe open), nor from multiprocessing's sentinel (a dying
-forkserver makes all of them readable while its workers live on). No read waits past the bound."""
+`collect`. A worker's death is seen from its process (a pidfd), not from its pipe (an env's helper may
+hold it open) nor multiprocessing's sentinel (a dying forkserver makes all of them readable)."""
 
 import contextlib
 import logging
@@ -143,12 +142,8 @@ class WorkerPool:
             proc.start()
         child_sock.close()
         conn, exit_fd = Channel(parent_sock), _exit_fd(proc)
-        if w < len(self.procs):
-            self.procs[w], self.conns[w], self.exit_fds[w] = proc, conn, exit_fd
-        else:
-            self.procs.append(proc)
-            self.conns.append(conn)
-            self.exit_fds.append(exit_fd)
+        for items, item in ((self.procs, proc), (self.conns, conn), (self.exit_fds, exit_fd)):
+            items[w : w + 1] = [item]  # a restart replaces worker w's (the lists the finalizer holds)
         for fd, is_exit in ((conn.fd, False), (exit_fd, True)):
             self.poller.register(fd, select.POLLIN)
             self.fd_owner[fd] = (w, is_exit)
@@ -166,11 +161,9 @@ class WorkerPool:
         return self.poller.poll(max(0.0, min(deadline - time.monotonic(), 3600.0)) * 1000)
 
     def collect(self, timeout: float, interruptible: bool = True, workers=None) -> dict[int, Exception]:
-        """Waits up to `timeout` seconds for the reply of every pending worker (of `workers`, if
-        given), into `replies`; the failures (death, error, timeout) by worker. A worker silent past
-        the bound stays pending, so a retried wait takes its reply. Other workers' replies that come
-        meanwhile are kept, and their failures, for their own wait. The interrupt (if
-        `interruptible`) ends it by raising."""
+        """Waits up to `timeout` s for the pending workers' (`workers`') replies, into `replies`; returns the
+        failures by worker. One timed out stays pending (a retry takes its reply); others' replies and failures
+        are kept for their own wait; the interrupt (if `interruptible`) raises."""
         watched = self.interrupt.fileno() if self.interrupt is not None and interruptible else None
         if watched is not None:
             self.poller.register(watched, select.POLLIN)
@@ -253,9 +246,8 @@ class WorkerPool:
                 self.poller.unregister(fd)
 
     def replace(self, failures: dict, timeout: float, expected: tuple, max_restarts: int) -> tuple:
-        """Replaces the failed workers while `max_restarts` allows (a failed rebuild uses up a
-        restart), and resets their envs, their spaces checked against `expected`: ({w: reset
-        reply}, the failures left)."""
+        """Replaces the failed workers while `max_restarts` allows (a failed rebuild uses a restart) and resets
+        their envs, spaces checked against `expected`: ({w: reset reply}, the failures left)."""
         replies: dict[int, tuple] = {}
         while failures and self.restarts + len(failures) <= max_restarts:
             ws = sorted(failures)
@@ -293,9 +285,7 @@ class WorkerPool:
         return [w for w in ws if w not in failures]
 
     def close(self, timeout: float) -> None:
-        """Gives the replies under way (of workers not timed out) up to `timeout` to arrive, so
-        that no worker is left writing one; asks every worker to exit, waits up to `timeout`, then
-        kills what is left and the helpers."""
+        """Lets the replies under way arrive, asks every worker to exit, then kills what is left."""
         deadline = time.monotonic() + timeout
         while set(self.pending) - self.timed_out and time.monotonic() < deadline:
             self.collect(deadline - time.monotonic(), interruptible=False)

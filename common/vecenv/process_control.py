@@ -99,8 +99,7 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def unguarded_main() -> str:
-    """Why workers started by forkserver or spawn, which import the main script again, would fail:
-    it has no `if __name__ == "__main__":`; '' if it has one, or if there is no script."""
+    """Why workers started by forkserver or spawn would fail: a main script without `if __name__ == "__main__":`."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     try:
         guarded = re.search(r"^\s*if\b.*(__name__.*__main__|__main__.*__name__)", Path(path).read_text(), re.M)

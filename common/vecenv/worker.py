@@ -65,8 +65,7 @@ def decode(msg: bytes) -> tuple[Command, Any]:
 
 
 def describe(envs: list[gym.Env]) -> tuple:
-    """What envs say first: each one's spaces (env 0's random generators become the vec env's), and
-    env 0's metadata and render mode."""
+    """What envs say first: each one's spaces (env 0's become the vec env's), env 0's metadata and render mode."""
     return [(env.observation_space, env.action_space) for env in envs], envs[0].metadata, envs[0].render_mode
 
 
@@ -163,9 +162,7 @@ class EnvGroup:
 
 
 def _end(lifeline: socket.socket, tmpdir: str | None, wait: float | None) -> None:
-    """Ends this worker and its helpers after up to `wait` s, or (None: the watch thread's,
-    even while env code runs) once the trainer is gone; a dead trainer's forkserver temp dir
-    goes first."""
+    """Ends this worker and its helpers after `wait` s or (None: the watch thread's) once the trainer is gone."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
     if poller.poll(None if wait is None else wait * 1000) and tmpdir:  # nobody else would remove it

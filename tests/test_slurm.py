@@ -314,8 +314,8 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
     end with the weights of the same job never stopped, equal on both ranks. The log ends in the ranks'
     own lines on each node: no traceback, and no C++ stack dump of c10d's (a node whose torchrun
     outlived the rendezvous' host: slurm/launch.py)."""
-    iterations = 900 if stop == "time limit" else 60  # longer than a slice: the warning comes up to 90 s in
-    flags = [*ATARI_TINY, "--total-timesteps", str(iterations * 32), "--checkpoint-interval", "5", "--num-threads", "1"]
+    iterations = 900 if stop == "time limit" else 36  # longer than a slice: the warning comes up to 90 s in
+    flags = [*ATARI_TINY, "--total-timesteps", str(iterations * 32), "--checkpoint-interval", "4", "--num-threads", "1"]
     flags += MODEL
     # the job and the same job never stopped run at once, two CPUs a node each
     cpus = ("--cpus-per-task=2",)

@@ -1,5 +1,6 @@
 """gymnasium's NormalizeObservation and NormalizeReward (to the bit), for a batch of envs at once in the trainer:
-torch modules only to keep their statistics in checkpoints, computing in numpy on views of those buffers."""
+torch modules only to keep their statistics in checkpoints, computing in numpy on views of those buffers
+(updated in place: load_state_dict copies into them)."""
 
 import numpy as np
 import torch

@@ -88,10 +88,17 @@ def completed(env: dict, job: str, log: Path, timeout: float) -> None:
 SETTLE = 3.0
 
 
+def requeued(env: dict, job: str, timeout: float = 300.0) -> None:
+    """Waits until the job is requeued (pending); AssertionError if it ended instead (a stop that came too late)."""
+    state = wait_until(
+        f"job {job} requeued", lambda: (s := job_state(env, job)) in {"PENDING", *ENDED} and s, timeout=timeout
+    )
+    assert state == "PENDING", f"job {job} ended {state} instead of requeueing"
+
+
 def release(env: dict, job: str) -> None:
     """Once the job is requeued (pending), lets it start now rather than in Slurm's two minutes."""
-    state = wait_until(f"job {job} requeued", lambda: (state := job_state(env, job)) in {"PENDING", *ENDED} and state)
-    assert state == "PENDING", f"job {job} ended {state} instead of requeueing"
+    requeued(env, job)
     time.sleep(SETTLE)
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     out = subprocess.run(update, capture_output=True, text=True, timeout=60, env=env)
@@ -335,7 +342,7 @@ def test_atari_sbatch_on_two_nodes_resumes_its_run(slurm, tmp_path, stop):
         kill_hard(tmp_path / "job", f"ppo_atari_multigpu.py --run-id {job} ")  # both ranks
         wait_until(f"job {job} ended", lambda: job_state(env, job) not in ("RUNNING", "COMPLETING"))
         slurm_command(env, "scontrol", "requeue", job)
-    wait_until(f"job {job} requeued", lambda: job_state(env, job) == "PENDING", timeout=limit)
+    requeued(env, job, timeout=limit)
     stopped = summary_of(folder)
     # the time limit stops each slice that lasts a minute or more: each is released
     releaser = Releaser(env, tmp_path / "job")

@@ -24,7 +24,8 @@ LOCK = ".lock"
 
 
 def hold(lock: Path) -> int:
-    """Holds the lock file `lock` (the kernel lets go however this process ends); its descriptor."""
+    """Holds the lock file `lock` (the kernel lets go however this process ends); its descriptor, or FlagError
+    naming its holder."""
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -47,7 +48,7 @@ def run_name(args: Any) -> str:
 
 def make_run_dir(args: Any, command_line: Any, steps_per_iteration: int, world_size: int) -> Path:
     """Creates and holds runs/{run_name}__{--run-id or unix time (-2, -3, ... if taken)}, with its args.json
-    (a run id's folder, which never saved if it gets here, anew)."""
+    (a --run-id folder that never saved is made anew)."""
     run_id = getattr(args, "run_id", None)
     base = f"{run_name(args)}__{run_id or int(time.time())}"
     try:

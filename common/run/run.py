@@ -80,7 +80,7 @@ class Run:
         flags.check_rollout(self.args, self.ENVS_FLAG, self.probed["spaces"][0])
         return self.probed["spaces"]
 
-    def load(self, **state: Any) -> None:
+    def load(self, /, **state: Any) -> None:
         """Puts the state the checkpoint holds into these objects (model=agent, ...), through their
         load_state_dict (generators: this rank's state).
 

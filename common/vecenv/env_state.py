@@ -2,8 +2,8 @@
 make_env built again (`put`), so that a resumed run's episodes go on exactly where they were. A
 state holds values only (numbers, strings, bytes, arrays, numpy generators' states, and lists,
 tuples and dicts of these): nothing in it names a class or a function, so loading it never runs
-code, and torch.load(weights_only=True) loads it. Envs of gymnasium, ale_py, this package, or a class that
-says `pickle_state = True` (its state is such values); anything else is not saved (None). docs/vecenv.md."""
+code, and torch.load(weights_only=True) loads it. Envs whose every class (env and wrappers) is gymnasium's,
+ale_py's, ours, or says `pickle_state = True`; any other is not saved (None). What is taken: docs/vecenv.md."""
 
 import collections
 import contextlib
@@ -163,8 +163,8 @@ def _setter(kind: str, rest: list, current: Any, seen: list) -> Callable[[], Non
 
 
 def _mujoco_arrays(data: Any) -> dict[str, np.ndarray]:
-    """MjData's float arrays (what the last step derived, which an env may read), never its index arrays: numbers
-    from a file must never index memory."""
+    """MjData's float arrays (its state and what the last step derived from it, which an env may read), never its
+    index arrays: numbers from a file must never index memory."""
     arrays = {}
     for key in dir(data):
         with contextlib.suppress(Exception):  # some properties raise where unused

@@ -1,7 +1,7 @@
 """Where SubprocVecEnv's envs step by default (`choose`): in the calling process only where they can
 neither hang nor kill it (gymnasium's own TRUSTED envs) and are faster there, else in workers; alike
 on a busy minute and a quiet one (`decide`), no env code run here (`probe`: a process of its own,
-`python -m` this module, importing neither the main script nor torch)."""
+`python -m` this module, importing neither the main script nor torch). The rule: docs/vecenv.md, Layout."""
 
 import contextlib
 import inspect
@@ -63,7 +63,8 @@ def choose(env_fns: list, num_workers: int | None, bounded: bool, cores: int, fo
 def probe(env_fn: Callable, bound: float, index: int | None = None, interrupt: Any = None, check_api=False):
     """Builds env_fn() in a probe process and, for a trusted env, times its steps: {"spaces", "origin" (the
     classes of the env and its wrappers, outermost first), "trusted", "step" (CPU seconds; None: not timed,
-    inf: past STEP_DECIDE), "reference" (reference_work()'s CPU seconds)}. `check_api`: gym's old API fails."""
+    inf: past STEP_DECIDE), "reference" (reference_work()'s CPU seconds)}. `check_api`: gym's old API fails.
+    ProbeFailed if env code raised or the probe died; WorkerTimeout naming env `index` past `bound` s."""
     parent, child = socket.socketpair()
     path = [_ROOT, *map(os.path.abspath, sys.path)]  # the probe's cwd is _ROOT, not ours
     data = {"path": path, "env_fn": cloudpickle.dumps(env_fn), "registry": None}

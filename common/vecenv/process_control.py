@@ -53,7 +53,7 @@ def stop_signals_blocked() -> Iterator[None]:
 
 
 def ignore_stop_signals() -> None:
-    """What a process the vec env starts does first: stopping is the trainer's."""
+    """Stop signals ignored from now on: in a process the vec env starts (stopping is the trainer's), or at exit."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -99,7 +99,8 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def unguarded_main() -> str:
-    """Why workers started by forkserver or spawn would fail: a main script without `if __name__ == "__main__":`."""
+    """Why workers started by forkserver or spawn would fail: a main script without `if __name__ == "__main__":`
+    ('' if it has one, or there is no script)."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     try:
         guarded = re.search(r"^\s*if\b.*(__name__.*__main__|__main__.*__name__)", Path(path).read_text(), re.M)

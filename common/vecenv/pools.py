@@ -142,8 +142,12 @@ class WorkerPool:
             proc.start()
         child_sock.close()
         conn, exit_fd = Channel(parent_sock), _exit_fd(proc)
-        for items, item in ((self.procs, proc), (self.conns, conn), (self.exit_fds, exit_fd)):
-            items[w : w + 1] = [item]  # a restart replaces worker w's (the lists the finalizer holds)
+        if w < len(self.procs):  # a restart: in place, in the lists the finalizer holds
+            self.procs[w], self.conns[w], self.exit_fds[w] = proc, conn, exit_fd
+        else:
+            self.procs.append(proc)
+            self.conns.append(conn)
+            self.exit_fds.append(exit_fd)
         for fd, is_exit in ((conn.fd, False), (exit_fd, True)):
             self.poller.register(fd, select.POLLIN)
             self.fd_owner[fd] = (w, is_exit)

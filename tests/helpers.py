@@ -136,25 +136,58 @@ def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | Non
 
 def run_script(script, args, cwd, timeout=300, extra_env=None, fresh=False):
     """Runs a script as a user would: a process of its own with a list argv, an absolute path, its own
-    cwd and session, and its exit status. One of the scripts here, with no extra_env, runs in a fork of
-    a process that imported what they import (torch, the optimizer's torch._dynamo: 5 of the 7 CPU
-    seconds a tiny run costs), as __main__ from its path with the argv, environment and sys.path of
-    `python script.py ...`, ending as that interpreter would (the forks share the server's hash seed:
-    `fresh` for runs compared with each other); PPO_VEC_TESTS_PLAIN=1, a fresh interpreter for every run."""
+    cwd and session, and its exit status: in a fork of the tests' preloaded process where `forkable`
+    (`fresh` for runs compared with each other: the forks share the server's hash seed)."""
     command = [sys.executable, str(script), *map(str, args)]
-    if fresh or extra_env or Path(script).parent != REPO or os.environ.get("PPO_VEC_TESTS_PLAIN"):
+    if fresh or not forkable(script, extra_env):
         return run_command(command, cwd, timeout, extra_env)
-    return Preloaded.run(command, cwd, timeout)
+    proc = Preloaded.start(command, cwd, extra_env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+            os.killpg(proc.pid, signal.SIGKILL)  # its session: the script and what it started
+        stdout, stderr = proc.communicate(timeout=60)
+        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-# Serves run_script: forks itself for each script run asked over its socket, replies the fork's pid, then
-# its exit status. The fork leaves the loop and runs the script at the top level, so that an exception or
-# SystemExit ends it as it ends `python script.py` (atexit, threads joined, the same status).
+def forkable(script, extra_env: dict | None) -> bool:
+    """True if a run of `script` can start as a fork of Preloaded's process (which imported torch, the
+    optimizer's torch._dynamo and the scripts: 5 of the 7 CPU seconds a tiny run costs) and be the run
+    `python script.py ...` is: one of the scripts here, with extra environment variables that the run
+    reads as it goes (the tests' own PPO_VEC_TEST_*), or the repository as PYTHONPATH. PPO_VEC_TESTS_PLAIN=1:
+    never (a fresh interpreter for every run)."""
+    return (
+        Path(script).parent == REPO
+        and not os.environ.get("PPO_VEC_TESTS_PLAIN")
+        and all(
+            key.startswith("PPO_VEC_TEST_") or (key, value) == ("PYTHONPATH", str(REPO))
+            for key, value in (extra_env or {}).items()
+        )
+    )
+
+
+# Serves Preloaded.start: forks itself for each script run asked over its socket (with the pipes for its
+# stdout and stderr), replies the fork's pid, then its exit status. The fork leaves the loop and runs the
+# script at the top level, so that an exception or SystemExit ends it as it ends `python script.py`
+# (atexit, threads joined, the same status).
 _SERVER = r"""
 import contextlib, json, os, random, runpy, select, socket, sys, numpy, torch
 torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # its first optimizer imports torch._dynamo
 import gc, ppo_atari_multigpu, ppo_vec
 gc.freeze()  # what was imported stays out of each fork's collections: they and its exit copy no page of it
+
+def receive(connection):
+    data, pipes = socket.recv_fds(connection, 1 << 16, 2)[:2]
+    try:
+        while not data.endswith(b"\n") and (more := connection.recv(1 << 16)):
+            data += more
+        return json.loads(data), pipes
+    except BaseException:
+        for fd in pipes:
+            os.close(fd)
+        raise
 
 def serve(server):
     forks = {}  # pid: the connection that waits for its status
@@ -166,7 +199,7 @@ def serve(server):
             connection = server.accept()[0]
             connection.settimeout(30)  # a test interrupted before it asked holds up no other
             try:
-                request = json.loads(connection.makefile().readline())
+                request, pipes = receive(connection)
             except (OSError, ValueError):
                 connection.close()
                 continue
@@ -176,7 +209,9 @@ def serve(server):
                 server.close()
                 for other in [connection, *forks.values()]:
                     other.close()
-                return request
+                return request, pipes
+            for fd in pipes:
+                os.close(fd)
             connection.sendall(b"%d\n" % pid)
             forks[pid] = connection
         while forks and (ended := os.waitpid(-1, os.WNOHANG))[0]:
@@ -187,21 +222,21 @@ server = socket.socket(socket.AF_UNIX)
 server.bind("\0" + sys.argv[1])  # Linux's abstract namespace: no file left behind
 server.listen()
 print("ready", flush=True)
-argv, cwd, env, out, err = serve(server)
+(argv, cwd, env), pipes = serve(server)
 os.setsid()
 os.chdir(cwd)
 os.environ.clear()
 os.environ.update(env)
 sys.path[0] = os.path.dirname(argv[0])
 sys.path[1:1] = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and path not in sys.path]
-for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out, os.O_WRONLY), (2, err, os.O_WRONLY)):
-    opened = os.open(path, flags | os.O_CREAT)
+devnull = os.open(os.devnull, os.O_RDONLY)
+for fd, opened in ((0, devnull), (1, pipes[0]), (2, pipes[1])):
     os.dup2(opened, fd)
     os.close(opened)
 random.seed()  # fresh states, as a new interpreter's (torch's own generator starts from its fixed seed anyway)
 numpy.random.seed()
 sys.argv = argv
-del argv, cwd, env, out, err, server, serve
+del argv, cwd, env, pipes, devnull, server, serve, receive
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -218,7 +253,7 @@ class Preloaded:
         return cls.proc.pid if cls.proc else None
 
     @classmethod
-    def start(cls) -> None:
+    def serve(cls) -> None:
         cls.path = f"ppo-vec-tests-{os.getpid()}-{time.monotonic_ns()}"
         proc = subprocess.Popen(
             [sys.executable, "-c", _SERVER, cls.path],
@@ -236,28 +271,88 @@ class Preloaded:
         cls.proc = proc
 
     @classmethod
-    def run(cls, command: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
+    def start(cls, command: list[str], cwd, extra_env: dict | None = None) -> Forked:
+        """`command` (python, a script here, its flags) started in a fork, with its pipes (see Forked)."""
         import json
-        import tempfile
 
         with cls.starting:
             if cls.proc is None or cls.proc.poll() is not None:
-                cls.start()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with tempfile.TemporaryDirectory() as folder, socket.socket(socket.AF_UNIX) as connection:
-            out, err = Path(folder, "out"), Path(folder, "err")
+                cls.serve()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        connection = socket.socket(socket.AF_UNIX)
+        out, err = os.pipe(), os.pipe()
+        try:
             connection.connect("\0" + cls.path)
-            connection.sendall(json.dumps([command[1:], str(cwd), env, str(out), str(err)]).encode() + b"\n")
-            replies = connection.makefile()
-            pid = int(replies.readline())
-            connection.settimeout(timeout)
-            try:
-                status = int(replies.readline())
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
-                    os.killpg(pid, signal.SIGKILL)  # its session: the script and what it started
-                raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text()) from None
-            return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
+            request = json.dumps([[str(c) for c in command[1:]], str(cwd), env]).encode() + b"\n"
+            socket.send_fds(connection, [request], [out[1], err[1]])
+        except BaseException:
+            connection.close()
+            os.close(out[0])
+            os.close(err[0])
+            raise
+        finally:  # the fork's now: its end is the pipes' end
+            os.close(out[1])
+            os.close(err[1])
+        return Forked(command, connection, open(out[0]), open(err[0]))
+
+
+class Forked:
+    """A run in a fork of Preloaded's process, with what the tests use of a Popen: pid (its session's
+    too), args, stdout and stderr (text pipes), returncode, poll, wait, communicate, send_signal, kill."""
+
+    def __init__(self, args: list, connection: socket.socket, stdout, stderr):
+        self.args, self.stdout, self.stderr, self.returncode = args, stdout, stderr, None
+        replies = connection.makefile()
+        self.pid = int(replies.readline())
+        self.ended = threading.Event()
+        self.output: dict = {}
+
+        def status() -> None:  # the server writes it once the fork has ended
+            with connection, replies:
+                line = replies.readline()
+            self.returncode = int(line) if line else -signal.SIGKILL  # no line: the server itself died
+            self.ended.set()
+
+        threading.Thread(target=status, daemon=True).start()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Reads stdout and stderr to their ends, then waits for the run's end, within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for name in ("stdout", "stderr"):
+            if name not in self.output:
+                reader = threading.Thread(target=self._read, args=(name,), daemon=True)
+                self.output[name] = reader
+                reader.start()
+        for name in ("stdout", "stderr"):
+            reader = self.output[name]
+            if isinstance(reader, threading.Thread):
+                reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                if reader.is_alive():
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.output["stdout"], self.output["stderr"]
+
+    def _read(self, name: str) -> None:
+        stream = getattr(self, name)
+        with stream:
+            text = stream.read()
+        self.output[name] = text
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # ended, its status on its way
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def only_run_dir(cwd) -> Path:
@@ -337,9 +432,11 @@ def fault_env(tmp_path, fault: str | None = None) -> dict:
     return env
 
 
-def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen:
-    """Starts a run and returns once it has printed its first progress line (training is under way)."""
-    proc = spawn([sys.executable, script, *args], cwd, extra_env)
+def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen | Forked:
+    """Starts a run (in a fork where `forkable`) and returns once it has printed its first progress line
+    (training is under way)."""
+    command = [sys.executable, str(script), *map(str, args)]
+    proc = Preloaded.start(command, cwd, extra_env) if forkable(script, extra_env) else spawn(command, cwd, extra_env)
     for line in proc.stdout:
         if line.startswith("global_step="):
             return proc

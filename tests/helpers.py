@@ -122,34 +122,37 @@ def spawn(cmd: list, cwd, extra_env: dict | None = None, session: bool = True) -
 
 
 def run_command(cmd: list[str], cwd, timeout: float = 300, extra_env: dict | None = None):
-    """Runs cmd in its own session: on timeout its whole process group is killed (a hung job leaves
-    nothing behind), and the TimeoutExpired carries what it printed."""
-    proc = spawn(cmd, cwd, extra_env)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    """Runs cmd in its own session (see `ended`)."""
+    return ended(spawn(cmd, cwd, extra_env), timeout)
 
 
-def run_script(script, args, cwd, timeout=300, extra_env=None, fresh=False):
-    """Runs a script as a user would: a process of its own with a list argv, an absolute path, its own
-    cwd and session, and its exit status: in a fork of the tests' preloaded process where `forkable`
-    (`fresh` for runs compared with each other: the forks share the server's hash seed)."""
-    command = [sys.executable, str(script), *map(str, args)]
-    if fresh or not forkable(script, extra_env):
-        return run_command(command, cwd, timeout, extra_env)
-    proc = Preloaded.start(command, cwd, extra_env)
+def ended(proc: subprocess.Popen | Forked, timeout: float) -> subprocess.CompletedProcess:
+    """What `proc`, a session of its own, printed and its exit status once it ended: on timeout its whole
+    process group is killed (a hung job leaves nothing behind), and the TimeoutExpired carries what it printed."""
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
-            os.killpg(proc.pid, signal.SIGKILL)  # its session: the script and what it started
-        stdout, stderr = proc.communicate(timeout=60)
-        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def run_script(script, args, cwd, timeout=300, extra_env=None, fresh=False):
+    """Runs a script as a user would: a process of its own with a list argv, an absolute path, its own
+    cwd and session, and its exit status (see `start_script`)."""
+    return ended(start_script(script, args, cwd, extra_env, fresh), timeout)
+
+
+def start_script(script, args, cwd, extra_env=None, fresh=False) -> subprocess.Popen | Forked:
+    """`python script args` started with text pipes, in a session of its own: in a fork of the tests'
+    preloaded process where `forkable` (`fresh`: never, for runs compared with each other, since the forks
+    share the server's hash seed)."""
+    command = [sys.executable, str(script), *map(str, args)]
+    if fresh or not forkable(script, extra_env):
+        return spawn(command, cwd, extra_env)
+    return Preloaded.start(command, cwd, extra_env)
 
 
 def forkable(script, extra_env: dict | None) -> bool:
@@ -435,8 +438,7 @@ def fault_env(tmp_path, fault: str | None = None) -> dict:
 def start_training(script, args, cwd, extra_env=None) -> subprocess.Popen | Forked:
     """Starts a run (in a fork where `forkable`) and returns once it has printed its first progress line
     (training is under way)."""
-    command = [sys.executable, str(script), *map(str, args)]
-    proc = Preloaded.start(command, cwd, extra_env) if forkable(script, extra_env) else spawn(command, cwd, extra_env)
+    proc = start_script(script, args, cwd, extra_env)
     for line in proc.stdout:
         if line.startswith("global_step="):
             return proc

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from common.sweep.submitted import ENDED
-from tests.helpers import ATARI_TINY, LONG, REPO, VEC_TINY, free_port, run_command, wait_until
+from tests.helpers import ATARI_TINY, LONG, REPO, VEC_TINY, Forked, free_port, run_command, start_script, wait_until
 
 pytestmark = pytest.mark.e2e
 # gymnasium's CartPole, a millisecond slower a step: a run lasts as long on a busy machine as on a quiet one
@@ -169,12 +169,12 @@ def kill_hard(cwd: Path, marker: str) -> None:
             continue
 
 
-def reference_run(env: dict, cwd: Path, *flags: str) -> subprocess.Popen:
+def reference_run(env: dict, cwd: Path, *flags: str) -> subprocess.Popen | Forked:
     """The same run, never stopped, outside Slurm (beside the job: its steps mostly sleep)."""
     cwd.mkdir()
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "ppo_vec.py"), *flags], cwd=cwd, env=env, stdout=subprocess.DEVNULL
-    )
+    proc = start_script(REPO / "ppo_vec.py", flags, cwd, {"PYTHONPATH": env["PYTHONPATH"]})
+    threading.Thread(target=proc.communicate, daemon=True).start()  # what it prints, read and left
+    return proc
 
 
 def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard_kill(slurm, tmp_path):

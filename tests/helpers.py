@@ -296,19 +296,27 @@ class Preloaded:
         finally:  # the fork's now: its end is the pipes' end
             os.close(out[1])
             os.close(err[1])
-        return Forked(command, connection, open(out[0]), open(err[0]))
+        return Forked(command, connection, open(out[0], errors="replace"), open(err[0], errors="replace"))
 
 
 class Forked:
     """A run in a fork of Preloaded's process, with what the tests use of a Popen: pid (its session's
-    too), args, stdout and stderr (text pipes), returncode, poll, wait, communicate, send_signal, kill."""
+    once it runs), args, stdout and stderr (text pipes), returncode, poll, wait, communicate, send_signal, kill."""
 
     def __init__(self, args: list, connection: socket.socket, stdout, stderr):
         self.args, self.stdout, self.stderr, self.returncode = args, stdout, stderr, None
         replies = connection.makefile()
-        self.pid = int(replies.readline())
+        connection.settimeout(60)
+        try:
+            self.pid = int(replies.readline())
+        except (OSError, ValueError) as exc:
+            for opened in (replies, connection, stdout, stderr):
+                opened.close()
+            raise AssertionError(f"the tests' preloaded process did not start {args}: {exc!r}") from None
+        connection.settimeout(None)
         self.ended = threading.Event()
-        self.output: dict = {}
+        self.readers: list[threading.Thread] = []
+        self.output: dict[str, str] = {}
 
         def status() -> None:  # the server writes it once the fork has ended
             with connection, replies:
@@ -329,25 +337,22 @@ class Forked:
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Reads stdout and stderr to their ends, then waits for the run's end, within `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for name in ("stdout", "stderr"):
-            if name not in self.output:
-                reader = threading.Thread(target=self._read, args=(name,), daemon=True)
-                self.output[name] = reader
+        if not self.readers:
+            self.readers = [
+                threading.Thread(target=self._read, args=(name,), daemon=True) for name in ("stdout", "stderr")
+            ]
+            for reader in self.readers:
                 reader.start()
-        for name in ("stdout", "stderr"):
-            reader = self.output[name]
-            if isinstance(reader, threading.Thread):
-                reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                if reader.is_alive():
-                    raise subprocess.TimeoutExpired(self.args, timeout)
+        for reader in self.readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.output["stdout"], self.output["stderr"]
 
     def _read(self, name: str) -> None:
-        stream = getattr(self, name)
-        with stream:
-            text = stream.read()
-        self.output[name] = text
+        with getattr(self, name) as stream:
+            self.output[name] = stream.read()
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:

@@ -173,8 +173,21 @@ def reference_run(env: dict, cwd: Path, *flags: str) -> subprocess.Popen | Forke
     """The same run, never stopped, outside Slurm (beside the job: its steps mostly sleep)."""
     cwd.mkdir()
     proc = start_script(REPO / "ppo_vec.py", flags, cwd, {"PYTHONPATH": env["PYTHONPATH"]})
-    threading.Thread(target=proc.communicate, daemon=True).start()  # what it prints, read and left
+    proc.printed = ["", ""]  # its stdout and stderr, read as it goes (for reference_done)
+
+    def read() -> None:
+        proc.printed[:] = proc.communicate()
+
+    proc.reader = threading.Thread(target=read, daemon=True)
+    proc.reader.start()
     return proc
+
+
+def reference_done(proc: subprocess.Popen | Forked) -> bool:
+    """True once the reference run ended, exit 0 (within 300 s); AssertionError with its stderr if not."""
+    proc.reader.join(300)
+    assert proc.returncode == 0, f"the reference run ended {proc.returncode}: {proc.printed[1]}"
+    return True
 
 
 def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard_kill(slurm, tmp_path):
@@ -201,7 +214,7 @@ def test_ppo_vec_sbatch_comes_back_from_a_preemption_notice_a_requeue_and_a_hard
     slurm_command(slurm, "scontrol", "requeue", job)
     release(slurm, job)
     wait_until(f"job {job} done", lambda: job_state(slurm, job) == "COMPLETED")
-    assert summary_of(folder)["status"] == "done" and reference.wait(timeout=300) == 0
+    assert summary_of(folder)["status"] == "done" and reference_done(reference)
     assert_same_weights(folder, next((tmp_path / "full" / "runs").iterdir()), "ppo_vec")
     log = tmp_path / "job" / f"slurm-ppo_vec-{job}.out"
     text = log.read_text()
@@ -281,7 +294,7 @@ def test_a_notice_in_a_slices_first_second_requeues_and_a_new_job_continues_a_ca
     wait_until(f"job {again.stdout.strip()} done", lambda: sacct_state(slurm, again.stdout.strip()) == "COMPLETED")
     text = (tmp_path / "job" / f"slurm-ppo_vec-{again.stdout.strip()}.out").read_text()
     assert resumes_in(text) == [cancelled] and "Traceback" not in text, text
-    assert summary_of(folder)["status"] == "done" and reference.wait(timeout=300) == 0
+    assert summary_of(folder)["status"] == "done" and reference_done(reference)
     assert_same_weights(folder, next((tmp_path / "full" / "runs").iterdir()), "ppo_vec")
 
 
@@ -425,7 +438,7 @@ def test_a_sweep_on_slurm_ends_with_every_run_done(slurm, tmp_path, stop):
     assert out.returncode == 0 and "unfinished" not in out.stdout, out.stdout + out.stderr
     assert f"| {env_id} | 2 | " in (tmp_path / "report" / "report.md").read_text()
     for seed, reference in zip((1, 2), references, strict=True):
-        assert reference.wait(timeout=300) == 0
+        assert reference_done(reference)
         (folder,) = (tmp_path / "runs").glob(f"{env_id.replace(':', '-')}__ppo_vec__{seed}__*")
         assert_same_weights(folder, next((tmp_path / f"full{seed}" / "runs").iterdir()), "ppo_vec")
     logs = sorted((tmp_path / "runs" / "submitit").rglob("*_log.*"))

@@ -314,7 +314,7 @@ class Forked:
                 opened.close()
             raise AssertionError(f"the tests' preloaded process did not start {args}: {exc!r}") from None
         connection.settimeout(None)
-        self.ended = threading.Event()
+        self.exited = threading.Event()
         self.readers: list[threading.Thread] = []
         self.output: dict[str, str] = {}
 
@@ -322,7 +322,7 @@ class Forked:
             with connection, replies:
                 line = replies.readline()
             self.returncode = int(line) if line else -signal.SIGKILL  # no line: the server itself died
-            self.ended.set()
+            self.exited.set()
 
         threading.Thread(target=status, daemon=True).start()
 
@@ -330,13 +330,17 @@ class Forked:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self.ended.wait(timeout):
+        if not self.exited.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Reads stdout and stderr to their ends, then waits for the run's end, within `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         if not self.readers:
             self.readers = [
                 threading.Thread(target=self._read, args=(name,), daemon=True) for name in ("stdout", "stderr")
@@ -344,10 +348,10 @@ class Forked:
             for reader in self.readers:
                 reader.start()
         for reader in self.readers:
-            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            reader.join(left())
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.wait(left())
         return self.output["stdout"], self.output["stderr"]
 
     def _read(self, name: str) -> None:

@@ -66,9 +66,8 @@ def test_a_run_stopped_at_any_moment_and_resumed_is_the_run_of_its_seed(tmp_path
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):
         cwd.mkdir()
-    out = run_script(
-        script, args, full, fresh=True
-    )  # an interpreter of its own: another hash seed than the stopped run's
+    # an interpreter of its own: another hash seed than the stopped run's
+    out = run_script(script, args, full, fresh=True)
     assert out.returncode == 0, out.stderr
     proc = start_training(script, args, stopped)
     time.sleep(random.uniform(0.0, 0.5))  # a rollout, an update, a periodic save: any moment

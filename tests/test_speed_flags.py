@@ -68,7 +68,8 @@ def test_compile_trains_and_a_stopped_compiled_run_resumes_weight_for_weight(tmp
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     for cwd in (full, stopped):
         cwd.mkdir()
-    out = run_script(VEC, args, full, fresh=True)  # an interpreter of its own: another hash seed than the stopped run's
+    # an interpreter of its own: another hash seed than the stopped run's
+    out = run_script(VEC, args, full, fresh=True)
     assert out.returncode == 0, out.stderr
     proc = start_training(VEC, args, stopped)
     time.sleep(random.uniform(0.0, 0.5))

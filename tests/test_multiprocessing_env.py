@@ -687,15 +687,22 @@ def test_a_reset_that_hangs_times_out(bounded, no_orphans):
 
 
 def test_a_restart_whose_rebuilt_env_hangs_is_bounded(tmp_path, bounded, no_orphans, caplog):
-    """Each rebuild that hangs uses up a restart; once the budget is spent, the timeout is raised."""
+    """Each rebuild that hangs uses up a restart; once the budget is spent, the timeout is raised as a
+    WorkerError: the worker is left half-built, so no wait can take it up again (no "call step_wait()
+    again"), and what comes next says so."""
     env_fns = [FaultyEnv, functools.partial(HangsWhenRebuilt, str(tmp_path / "built"))]
     envs = SubprocVecEnv(env_fns, num_workers=2, step_timeout=1.0, max_restarts=3)
     envs.reset(seed=0)
     envs.step(np.zeros(2, np.int64))
-    with pytest.raises(WorkerTimeout, match=r"envs \[1\] did not answer 'make' within 1 s"):
+    with pytest.raises(WorkerError, match=r"envs \[1\] did not answer 'make' within 1 s") as info:
         timed(lambda: envs.step(np.zeros(2, np.int64)))  # raises at step 2; 3 rebuilds hang
     # 3 bounds of 1 s and 3 rebuilt workers' starts (a loaded machine's), not the default 600 s
     assert envs.restarts == 3 and timed.elapsed < 40 and caplog.text.count("restarting worker 1") == 3
+    assert not hasattr(info.value, "__notes__")
+    with pytest.raises(NoAsyncCallError):
+        envs.step_wait()
+    with pytest.raises(WorkerError, match=r"step_async\(\) after an earlier failure; close\(\) it"):
+        envs.step(np.zeros(2, np.int64))
     envs.close()
 
 

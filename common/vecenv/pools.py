@@ -283,9 +283,11 @@ class WorkerPool:
 
     def _rebuilt(self, ws: list[int], timeout: float, failures: dict[int, Exception]) -> list[int]:
         """Waits for the rebuilt workers, into `failures`; those of `ws` that have not failed."""
-        failures.update(self.collect(timeout, workers=ws))
-        for w in failures:
+        for w, failure in self.collect(timeout, workers=ws).items():
             self.pending.pop(w, None)
+            if isinstance(failure, WorkerTimeout):  # a worker left half-built: no wait can take it up again
+                failure = WorkerError(str(failure), failure.env_indices, failure.command)
+            failures[w] = failure
         return [w for w in ws if w not in failures]
 
     def close(self, timeout: float) -> None:

@@ -85,7 +85,7 @@ class SubprocVecEnv(VectorEnv):
         self._bound = step_timeout if step_timeout is not None else max_wait
         self._state = AsyncState.DEFAULT
         self._stepping = 0  # the workers whose step is under way, a bit each
-        self._failed: WorkerError | None = None  # an earlier failure leaves this vec env unusable
+        self._failed: Exception | None = None  # an earlier failure leaves this vec env unusable
         self._closing_on_exception = False
         self._pool: InProcessPool | WorkerPool | None = None
         self._reset_workers: list[int] = []  # the workers a pending reset went to
@@ -391,7 +391,8 @@ class SubprocVecEnv(VectorEnv):
         elif self._failed is not None:
             failed = self._failed
             message = f"SubprocVecEnv.{name}() after an earlier failure; close() it and build a new one. "
-            raise WorkerError(message + f"The failure was: {failed}", failed.env_indices, name, failed.exitcode)
+            exitcode = getattr(failed, "exitcode", None)
+            raise WorkerError(message + f"The failure was: {failed}", failed.env_indices, name, exitcode)
         elif self._state is not AsyncState.DEFAULT and not (
             bits and self._state is AsyncState.WAITING_STEP and not self._stepping & bits
         ):
@@ -400,14 +401,16 @@ class SubprocVecEnv(VectorEnv):
             raise AlreadyPendingCallError(f"{message}; call {pending}_wait() first", pending)
 
     def _raise_first(self, failures: dict[int, Exception]) -> None:
-        """Raises the lowest env's failure, if any; a WorkerError leaves the vec env unusable."""
+        """Raises the lowest env's failure, if any; the vec env stays usable only where a wait may take it up."""
         if not failures:
             return
         error = first_failure(failures)
         if worker_errors := [e for e in failures.values() if isinstance(e, WorkerError)]:
             self._failed, self._state = min(worker_errors, key=lambda e: e.env_indices), AsyncState.DEFAULT
-        elif self._state is not AsyncState.DEFAULT and hasattr(error, "add_note"):
+        elif self._state is not AsyncState.DEFAULT:
             error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
+        else:  # call, set_attr, ...: the late reply would answer the next command
+            self._failed = error
         raise error
 
     def _report_restart(self, w: int, reply: tuple, infos: dict) -> dict:

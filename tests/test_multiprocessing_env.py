@@ -30,6 +30,7 @@ from tests.envs import (
     HangsWhenRebuilt,
     HelperEnv,
     ScalarObsEnv,
+    SlowStepEnv,
     TextObsEnv,
     failing_factory,
     make_counter,
@@ -684,6 +685,18 @@ def test_a_reset_that_hangs_times_out(bounded, no_orphans):
         assert info.value.__notes__ == ["call reset_wait() again to keep waiting, or close()"]  # the API's
         with pytest.warns(UserWarning, match="pending call to `reset`"):
             envs.close()
+
+
+def test_a_call_that_times_out_leaves_the_envs_unusable_and_what_follows_says_so(bounded, no_orphans):
+    """call (get_attr, set_attr, ...) has no wait to take up a late reply: after its timeout the next
+    call says to close and build anew, never reads the late replies as its own."""
+    with SubprocVecEnv([functools.partial(SlowStepEnv, 2.0)] * 2, num_workers=2, max_wait=1.0) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(WorkerTimeout, match=r"did not answer 'call' within 1 s"):
+            envs.call("step", 0)
+        time.sleep(1.5)  # the late replies arrive
+        with pytest.raises(WorkerError, match=r"step_async\(\) after an earlier failure; close\(\) it and build"):
+            envs.step(np.zeros(2, np.int64))
 
 
 def test_a_restart_whose_rebuilt_env_hangs_is_bounded(tmp_path, bounded, no_orphans, caplog):

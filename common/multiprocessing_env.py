@@ -405,8 +405,8 @@ class SubprocVecEnv(VectorEnv):
         if not failures:
             return
         error = first_failure(failures)
-        if worker_errors := [e for e in failures.values() if isinstance(e, WorkerError)]:
-            self._failed, self._state = min(worker_errors, key=lambda e: e.env_indices), AsyncState.DEFAULT
+        if isinstance(error, WorkerError):
+            self._failed, self._state = error, AsyncState.DEFAULT
         elif self._state is not AsyncState.DEFAULT:
             error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
         else:  # call, set_attr, ...: the late reply would answer the next command

@@ -872,6 +872,44 @@ def test_a_worker_that_fails_while_another_group_is_awaited_is_named_at_its_own_
     envs.close()
 
 
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_worker_killed_between_commands_is_named_at_its_groups_next_wait_at_once(max_restarts, caplog, no_orphans):
+    """The first group's worker is killed while it has nothing to do (the OOM killer, a stray kill); the
+    second group's wait sees it die. The first group's next step names that death at once, or restarts the
+    worker within max_restarts: never a wait for the bound that a dead worker cannot answer."""
+    with SubprocVecEnv([FaultyEnv] * 4, num_workers=2, groups=2, step_timeout=30.0, max_restarts=max_restarts) as envs:
+        envs.reset(seed=0)
+        first, second = envs.groups
+        envs.step_async(np.zeros(2, np.int64), first)
+        envs.step_wait(group=first)
+        envs.step_async(np.zeros(2, np.int64), second)
+        os.kill(envs.worker_pids[0], signal.SIGKILL)
+        time.sleep(0.5)
+        envs.step_wait(group=second)  # sees worker 0 end
+        envs.step_async(np.zeros(2, np.int64), first)
+        if max_restarts:
+            stepped = []
+            timed(lambda: stepped.append(envs.step_wait(group=first)))
+            assert stepped[0][3].tolist() == [True, True]  # truncated: restarted
+            assert "was killed by SIGKILL (exit code -9) between commands" in caplog.text
+        else:
+            with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+, envs \[0, 1\]\) was killed by SIGKILL"):
+                timed(lambda: envs.step_wait(group=first))
+        assert timed.elapsed < 10  # the bound is 30 s
+
+
+def test_a_worker_error_beside_a_timeout_is_the_one_raised(no_orphans):
+    """Env 0 hangs while env 2 raises, in one step: the error raised is env 2's (it ends the vec env: no
+    note to wait again), naming env 0's timeout too, with the exception's own text."""
+    env_fns = [functools.partial(FaultyEnv, "hang", 2), FaultyEnv, functools.partial(FaultyEnv, "raise", 2), FaultyEnv]
+    with SubprocVecEnv(env_fns, num_workers=2, step_timeout=1.0) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, np.int64))
+        with pytest.raises(WorkerError, match=r"env 2 raised ValueError: boom at step 2") as info:
+            envs.step(np.zeros(4, np.int64))
+        assert str(info.value).endswith("(envs [0, 1] failed too)") and not hasattr(info.value, "__notes__")
+
+
 def test_a_group_that_hangs_times_out_alone_and_its_wait_can_be_retried(no_orphans):
     envs = faulty(4, 2, "slow", 1, num_workers=2, groups=2, step_timeout=0.3)
     first, second = envs.groups

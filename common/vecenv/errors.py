@@ -28,8 +28,9 @@ class WorkerTimeout(TimeoutError, mp.TimeoutError):
 
 
 def first_failure(failures: dict[int, Exception]) -> Exception:
-    """The failure of the lowest env index, naming the others: never whoever answered first."""
-    ordered = sorted(failures.values(), key=lambda error: error.env_indices)
+    """A WorkerError (it ends the vec env) before a timeout, then the lowest env index, naming the others:
+    never whoever answered first."""
+    ordered = sorted(failures.values(), key=lambda error: (not isinstance(error, WorkerError), error.env_indices))
     error = ordered[0]
     if len(ordered) > 1:
         error.args = (f"{error.args[0]}\n(envs {[i for e in ordered[1:] for i in e.env_indices]} failed too)",)

@@ -173,6 +173,8 @@ class WorkerPool:
             self.poller.register(watched, select.POLLIN)
         awaited = set(self.pending if workers is None else workers)
         earlier = {w: self.failed.pop(w) for w in awaited & set(self.failed)}
+        for w in earlier:  # seen dead at another wait: nothing more comes from it
+            self.pending.pop(w, None)
         try:
             failures = self._collect(timeout, watched, awaited)
         finally:
@@ -235,13 +237,14 @@ class WorkerPool:
         return started
 
     def _death(self, w: int) -> WorkerError:
-        proc, doing = self.procs[w], self.pending.get(w, "?")
+        proc, doing = self.procs[w], self.pending.get(w)
         self._unwatch(w)
         # its exit code; a helper may hold the pipe open
         process_control.end_processes([proc], grace=2.0)
         how = process_control.describe_exit(proc.exitcode)
-        message = f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} during '{doing}'"
-        return WorkerError(message, self.envs_of(w), doing, proc.exitcode)
+        when = f"during '{doing}'" if doing else "between commands"
+        message = f"worker {w} (pid {proc.pid}, envs {self.envs_of(w)}) {how} {when}"
+        return WorkerError(message, self.envs_of(w), doing or "?", proc.exitcode)
 
     def _unwatch(self, w: int) -> None:
         """Takes worker w's socket and process fd out of the poll set: its end is known."""

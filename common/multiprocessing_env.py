@@ -233,7 +233,7 @@ class SubprocVecEnv(VectorEnv):
             As `step` (of the group's envs).
 
         Raises:
-            WorkerError: an env raised, or a worker died, past the restart budget.
+            WorkerError: an env raised, a worker died or its rebuild did not answer, past the restart budget.
             WorkerTimeout: some envs did not answer within `timeout` (the step stays pending).
         """
         group, workers, views, bits = self._group(group)
@@ -401,16 +401,16 @@ class SubprocVecEnv(VectorEnv):
             raise AlreadyPendingCallError(f"{message}; call {pending}_wait() first", pending)
 
     def _raise_first(self, failures: dict[int, Exception]) -> None:
-        """Raises the lowest env's failure, if any; the vec env stays usable only where a wait may take it up."""
+        """Raises the failure first_failure picks, if any; the vec env stays usable only where a wait may take it up."""
         if not failures:
             return
         error = first_failure(failures)
         if isinstance(error, WorkerError):
             self._failed, self._state = error, AsyncState.DEFAULT
-        elif self._state is not AsyncState.DEFAULT:
-            error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
-        else:  # call, set_attr, ...: the late reply would answer the next command
+        elif self._state is AsyncState.DEFAULT:  # call, set_attr, ...: the late reply would answer the next command
             self._failed = error
+        elif hasattr(error, "add_note"):  # (Python 3.11)
+            error.add_note(f"call {self._state.value}_wait() again to keep waiting, or close()")
         raise error
 
     def _report_restart(self, w: int, reply: tuple, infos: dict) -> dict:

@@ -884,7 +884,9 @@ def test_a_worker_killed_between_commands_is_named_at_its_groups_next_wait_at_on
         envs.step_wait(group=first)
         envs.step_async(np.zeros(2, np.int64), second)
         os.kill(envs.worker_pids[0], signal.SIGKILL)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while alive(envs.worker_pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
         envs.step_wait(group=second)  # sees worker 0 end
         envs.step_async(np.zeros(2, np.int64), first)
         if max_restarts:
@@ -895,7 +897,7 @@ def test_a_worker_killed_between_commands_is_named_at_its_groups_next_wait_at_on
         else:
             with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+, envs \[0, 1\]\) was killed by SIGKILL"):
                 timed(lambda: envs.step_wait(group=first))
-        assert timed.elapsed < 10  # the bound is 30 s
+        assert timed.elapsed < 25  # the bound is 30 s (a restart: a worker's start, 13 s seen under load)
 
 
 def test_a_worker_error_beside_a_timeout_is_the_one_raised(no_orphans):

@@ -20,7 +20,7 @@ class WorkerError(RuntimeError):
 
 class WorkerTimeout(TimeoutError, mp.TimeoutError):
     """Workers did not answer within the bound (both TimeoutErrors, as gymnasium's vector envs
-    raise). The call stays pending: waiting again takes the answer, if it comes."""
+    raise). After step_wait or reset_wait the call stays pending: waiting again takes the answer, if it comes."""
 
     def __init__(self, message: str, env_indices: Sequence[int], command: str):
         super().__init__(message)
